@@ -1,0 +1,59 @@
+# gpuforge: the two commands a newcomer types are `make demo` and `make test`.
+# Everything they need (virtual environment, Go toolchain, control-plane binaries) is set up here;
+# expensive things are cached outside the checkout (see docs/local-control-plane.md).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+GPUFORGE := $(BIN)/gpuforge
+PYTEST_ARGS ?=
+export PATH := $(BIN):$(PATH)
+
+.PHONY: help venv controlplane lint test test-unit test-integration bench demo demo-check clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+$(VENV)/.stamp: operator/pyproject.toml
+	@echo "==> Python virtual environment in .venv"
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip==25.3
+	@$(BIN)/python -m pip install --quiet -e 'operator[dev,ansible]'
+	@touch $@
+
+venv: $(VENV)/.stamp ## Create the virtual environment with pinned dependencies
+
+controlplane: venv ## Build (or reuse from cache) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok
+	@$(GPUFORGE) dev build
+
+lint: venv ## ruff, mypy --strict, import-linter
+	cd operator && $(BIN)/ruff check src tests && $(BIN)/ruff format --check src tests
+	cd operator && $(BIN)/mypy
+	cd operator && $(BIN)/lint-imports
+
+-include mk/*.mk
+
+test-unit: venv ## Unit tests of the pure core (no cluster)
+	cd operator && $(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+test-integration: controlplane ## Tests against the real local control plane
+	cd operator && $(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
+
+test: venv controlplane lint $(EXTRA_LINT) ## Set everything up and run every test
+	cd operator && $(BIN)/pytest -q tests $(PYTEST_ARGS)
+	$(if $(strip $(EXTRA_TESTS)),@$(MAKE) --no-print-directory $(EXTRA_TESTS))
+
+bench: controlplane ## Run the benchmarks, write bench/results/*.json and print a table
+	$(BIN)/python bench/run.py
+
+demo: controlplane ## Set everything up and run the demo end to end
+	$(GPUFORGE) demo
+
+clean: ## Stop local clusters and remove the virtual environment (the build cache stays)
+	-$(GPUFORGE) dev cluster down --all
+	rm -rf $(VENV)

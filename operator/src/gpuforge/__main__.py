@@ -1,0 +1,3 @@
+from gpuforge.cli.main import main
+
+main()

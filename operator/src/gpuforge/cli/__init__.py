@@ -1,0 +1,1 @@
+"""The `gpuforge` command: one tool, one subcommand module per area."""

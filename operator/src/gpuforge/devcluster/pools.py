@@ -1,0 +1,251 @@
+"""Simulated GPU node pools: parse a pools file and render the Node objects kwok will keep alive.
+
+Each node carries the labels Node Feature Discovery and GPU Feature Discovery would put on a real GPU node, a
+kubelet version, and an annotation describing its (simulated) GPUs, which the simulated node agent reads to
+advertise them. Pure: no I/O besides reading the file handed in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuforge.constants import SIM_POOL_LABEL
+
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# The simulated hardware of a node, JSON of GpuSpec; read by gpuforge.sim.
+SIM_GPUS_ANNOTATION = "sim.gpuforge.io/gpus"
+# "not-ready" makes kwok report the node NotReady (failure injection).
+SIM_HEALTH_ANNOTATION = "sim.gpuforge.io/health"
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_KUBELET_VERSION = re.compile(r"^v1\.\d+\.\d+$")
+
+
+class PoolError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    product: str = "NVIDIA A100-SXM4-80GB"
+    count: int = 8
+    memory_mib: int = 81920
+    driver_version: str = "580.95.05"
+    cuda_version: str = "13.0"
+    compute_capability: str = "8.0"
+    architecture: str = "Ampere"
+    brand: str = "Nvidia"
+    mig_capable: bool = True
+
+    @property
+    def product_label(self) -> str:
+        """GFD replaces spaces in the product name with dashes."""
+        return self.product.replace(" ", "-")
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GpuSpec:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    effect: str
+    value: str = ""
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    count: int
+    gpu: GpuSpec | None = field(default_factory=GpuSpec)
+    kubelet_version: str | None = None  # None: the profile's default
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    cpu: str = "64"
+    memory: str = "512Gi"
+    pods: str = "110"
+
+    def node_names(self) -> list[str]:
+        return [f"{self.name}-{index}" for index in range(self.count)]
+
+
+_GPU_KEYS = {
+    "product": "product",
+    "count": "count",
+    "memoryMiB": "memory_mib",
+    "driverVersion": "driver_version",
+    "cudaVersion": "cuda_version",
+    "computeCapability": "compute_capability",
+    "architecture": "architecture",
+    "brand": "brand",
+    "migCapable": "mig_capable",
+}
+
+
+def _parse_gpu(raw: Any, where: str) -> GpuSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise PoolError(f"{where}.gpu must be a mapping or null")
+    unknown = set(raw) - set(_GPU_KEYS)
+    if unknown:
+        raise PoolError(f"{where}.gpu has unknown keys {sorted(unknown)}; known: {sorted(_GPU_KEYS)}")
+    values: dict[str, Any] = {_GPU_KEYS[key]: value for key, value in raw.items()}
+    for key in ("driver_version", "cuda_version", "compute_capability"):
+        if key in values:
+            values[key] = str(values[key])
+    spec = GpuSpec(**values)
+    if not isinstance(spec.count, int) or spec.count < 1:
+        raise PoolError(f"{where}.gpu.count must be a positive integer")
+    return spec
+
+
+def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
+    raw_pools = document.get("pools")
+    if not isinstance(raw_pools, list) or not raw_pools:
+        raise PoolError("a pools file needs a non-empty list under 'pools'")
+    pools: list[Pool] = []
+    for index, raw in enumerate(raw_pools):
+        where = f"pools[{index}]"
+        if not isinstance(raw, dict):
+            raise PoolError(f"{where} must be a mapping")
+        name = raw.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise PoolError(f"{where}.name must be a DNS label, got {name!r}")
+        count = raw.get("count", 1)
+        if not isinstance(count, int) or count < 0:
+            raise PoolError(f"{where}.count must be a non-negative integer")
+        kubelet = raw.get("kubeletVersion")
+        if kubelet is not None and (not isinstance(kubelet, str) or not _KUBELET_VERSION.match(kubelet)):
+            raise PoolError(f"{where}.kubeletVersion must look like v1.34.2, got {kubelet!r}")
+        taints = tuple(
+            Taint(key=t["key"], effect=t["effect"], value=str(t.get("value", "")))
+            for t in raw.get("taints", [])
+        )
+        pools.append(
+            Pool(
+                name=name,
+                count=count,
+                gpu=_parse_gpu(raw.get("gpu", {}), where),
+                kubelet_version=kubelet,
+                labels={str(k): str(v) for k, v in raw.get("labels", {}).items()},
+                taints=taints,
+                cpu=str(raw.get("cpu", "64")),
+                memory=str(raw.get("memory", "512Gi")),
+                pods=str(raw.get("pods", "110")),
+            )
+        )
+    names = [pool.name for pool in pools]
+    if len(set(names)) != len(names):
+        raise PoolError(f"pool names must be unique: {names}")
+    return pools
+
+
+def load_pools(path: Path) -> list[Pool]:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise PoolError(f"cannot read pools file {path}: {error}") from error
+    if not isinstance(document, dict):
+        raise PoolError(f"{path}: expected a mapping with 'pools'")
+    return parse_pools(document)
+
+
+def uniform_pools(nodes: int) -> list[Pool]:
+    return [Pool(name="gpu", count=nodes)]
+
+
+def gpu_labels(gpu: GpuSpec) -> dict[str, str]:
+    """Labels NFD (PCI vendor 10de) and GPU Feature Discovery publish for these GPUs."""
+    driver_major, driver_minor, *driver_rest = (gpu.driver_version.split(".") + ["0", "0"])[:3]
+    cuda_major, cuda_minor = (gpu.cuda_version.split(".") + ["0"])[:2]
+    cc_major, cc_minor = (gpu.compute_capability.split(".") + ["0"])[:2]
+    revision = driver_rest[0] if driver_rest else "0"
+    return {
+        "feature.node.kubernetes.io/pci-10de.present": "true",
+        "feature.node.kubernetes.io/pci-0302_10de.present": "true",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": gpu.product_label,
+        "nvidia.com/gpu.count": str(gpu.count),
+        "nvidia.com/gpu.memory": str(gpu.memory_mib),
+        "nvidia.com/gpu.family": gpu.architecture.lower(),
+        "nvidia.com/gpu.compute.major": cc_major,
+        "nvidia.com/gpu.compute.minor": cc_minor,
+        "nvidia.com/gpu.machine": "SIMULATED",
+        "nvidia.com/cuda.driver-version.major": driver_major,
+        "nvidia.com/cuda.driver-version.minor": driver_minor,
+        "nvidia.com/cuda.driver-version.revision": revision,
+        "nvidia.com/cuda.driver-version.full": gpu.driver_version,
+        "nvidia.com/cuda.driver.major": driver_major,
+        "nvidia.com/cuda.driver.minor": driver_minor,
+        "nvidia.com/cuda.driver.rev": revision,
+        "nvidia.com/cuda.runtime-version.major": cuda_major,
+        "nvidia.com/cuda.runtime-version.minor": cuda_minor,
+        "nvidia.com/cuda.runtime-version.full": f"{cuda_major}.{cuda_minor}",
+        "nvidia.com/mig.capable": "true" if gpu.mig_capable else "false",
+    }
+
+
+def _sim_id(name: str, kind: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{kind}.{name}.sim.gpuforge.io"))
+
+
+def render_node(pool: Pool, name: str, default_kubelet_version: str) -> dict[str, Any]:
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        SIM_POOL_LABEL: pool.name,
+    }
+    annotations = {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"}
+    if pool.gpu is not None:
+        labels.update(gpu_labels(pool.gpu))
+        annotations[SIM_GPUS_ANNOTATION] = pool.gpu.to_json()
+    labels.update(pool.labels)
+    resources = {"cpu": pool.cpu, "memory": pool.memory, "pods": pool.pods}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {
+            "taints": [
+                {"key": t.key, "value": t.value, "effect": t.effect}
+                if t.value
+                else {"key": t.key, "effect": t.effect}
+                for t in pool.taints
+            ]
+        },
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "nodeInfo": {
+                "kubeletVersion": pool.kubelet_version or default_kubelet_version,
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "osImage": "Debian GNU/Linux 12 (bookworm) [simulated by kwok]",
+                "kernelVersion": "6.1.0-sim",
+                "containerRuntimeVersion": "containerd://1.7.24-sim",
+                "kubeProxyVersion": "",
+                "bootID": _sim_id(name, "boot"),
+                "machineID": _sim_id(name, "machine").replace("-", ""),
+                "systemUUID": _sim_id(name, "system"),
+            },
+        },
+    }
+
+
+def render_nodes(pools: Sequence[Pool], default_kubelet_version: str) -> list[dict[str, Any]]:
+    return [render_node(pool, name, default_kubelet_version) for pool in pools for name in pool.node_names()]

@@ -1,0 +1,159 @@
+"""API profiles: make one Kubernetes build serve the `resource.k8s.io` versions of an older release.
+
+A profile names a Kubernetes minor (optionally `+betas`) and yields the API server's `--runtime-config`
+and the DRA feature gates that release had by default (facts: shared/reference/dra-compat.md §1, and the
+versioned gate table of the pinned release). Gates the pinned release has locked to their GA default cannot
+be turned back off; they are listed in `locked_differences` so `gpuforge dev cluster status` can say so.
+
+The pinned kube-apiserver, controller-manager and scheduler (1.36) read ResourceSlices and ResourceClaims
+through `resource.k8s.io/v1` only, and the API server's own readiness waits for that informer. So for the
+beta-only profiles (1.32, 1.33) the control plane runs two API servers on the same etcd, as an HA control plane
+does in the middle of an upgrade: the public one, that every client (kubectl, operator, webhook, agent,
+tests) uses, serves exactly the profile's versions; an internal one, used only by the controller-manager and
+the scheduler, also serves v1. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RESOURCE_GROUP = "resource.k8s.io"
+ALL_DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
+
+# DRA gates per release, as (gate, default in that release). Only gates the pinned 1.36 build knows.
+# Locked in 1.36 (cannot be set): DynamicResourceAllocation (true), DRAAdminAccess (true).
+_GATES_BY_MINOR: dict[int, dict[str, bool]] = {
+    32: {
+        "DRAPrioritizedList": False,
+        "DRAResourceClaimDeviceStatus": False,
+        "DRADeviceTaints": False,
+        "DRAPartitionableDevices": False,
+        "DRAConsumableCapacity": False,
+        "DRAExtendedResource": False,
+        "DRADeviceBindingConditions": False,
+        "DRASchedulerFilterTimeout": False,
+        "DRAResourceClaimGranularStatusAuthorization": False,
+        "ResourceHealthStatus": False,
+        "ResourceHealthStatusMessage": False,
+    },
+    33: {
+        "DRAPrioritizedList": False,
+        "DRAResourceClaimDeviceStatus": True,
+        "DRADeviceTaints": False,
+        "DRAPartitionableDevices": False,
+        "DRAConsumableCapacity": False,
+        "DRAExtendedResource": False,
+        "DRADeviceBindingConditions": False,
+        "DRASchedulerFilterTimeout": False,
+        "DRAResourceClaimGranularStatusAuthorization": False,
+        "ResourceHealthStatus": False,
+        "ResourceHealthStatusMessage": False,
+    },
+    34: {
+        "DRAPrioritizedList": True,
+        "DRAResourceClaimDeviceStatus": True,
+        "DRADeviceTaints": False,
+        "DRAPartitionableDevices": False,
+        "DRAConsumableCapacity": False,
+        "DRAExtendedResource": False,
+        "DRADeviceBindingConditions": False,
+        "DRASchedulerFilterTimeout": True,
+        "DRAResourceClaimGranularStatusAuthorization": False,
+        "ResourceHealthStatus": False,
+        "ResourceHealthStatusMessage": False,
+    },
+    35: {
+        "DRAPrioritizedList": True,
+        "DRAResourceClaimDeviceStatus": True,
+        "DRADeviceTaints": False,
+        "DRAPartitionableDevices": False,
+        "DRAConsumableCapacity": False,
+        "DRAExtendedResource": False,
+        "DRADeviceBindingConditions": False,
+        "DRASchedulerFilterTimeout": True,
+        "DRAResourceClaimGranularStatusAuthorization": False,
+        "ResourceHealthStatus": False,
+        "ResourceHealthStatusMessage": False,
+    },
+    36: {},  # the pinned release's own defaults
+}
+# Gates that differ from the real release but cannot be changed in the pinned build (locked to GA).
+_LOCKED: dict[int, tuple[str, ...]] = {
+    32: (
+        "DynamicResourceAllocation=true (beta, off by default in 1.32)",
+        "DRAAdminAccess=true (alpha in 1.32)",
+    ),
+    33: (
+        "DynamicResourceAllocation=true (beta, off by default in 1.33)",
+        "DRAAdminAccess=true (alpha in 1.33)",
+    ),
+    34: (),
+    35: (),
+    36: (),
+}
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ApiProfile:
+    name: str
+    minor: int
+    betas: bool
+
+    @property
+    def served_versions(self) -> tuple[str, ...]:
+        """resource.k8s.io versions the public API server serves, newest first."""
+        if self.minor == 32:
+            return ("v1beta1",)
+        if self.minor == 33:
+            return ("v1beta2", "v1beta1")
+        return ("v1", "v1beta2", "v1beta1") if self.betas else ("v1",)
+
+    @property
+    def needs_internal_apiserver(self) -> bool:
+        return "v1" not in self.served_versions
+
+    def runtime_config(self, *, internal: bool = False) -> str:
+        served = set(ALL_DRA_VERSIONS) if internal else set(self.served_versions)
+        return ",".join(
+            f"{RESOURCE_GROUP}/{version}={'true' if version in served else 'false'}"
+            for version in ALL_DRA_VERSIONS
+        )
+
+    @property
+    def feature_gates(self) -> str:
+        gates = _GATES_BY_MINOR[self.minor]
+        return ",".join(f"{name}={'true' if value else 'false'}" for name, value in sorted(gates.items()))
+
+    @property
+    def locked_differences(self) -> tuple[str, ...]:
+        return _LOCKED[self.minor]
+
+    @property
+    def default_kubelet_version(self) -> str:
+        return f"v1.{self.minor}.0"
+
+
+SUPPORTED_MINORS = tuple(sorted(_GATES_BY_MINOR))
+DEFAULT_PROFILE = "1.36"
+
+
+def parse_profile(name: str) -> ApiProfile:
+    """'1.33' -> v1beta2+v1beta1; '1.34' -> v1 only; '1.34+betas' -> v1 and both betas."""
+    base, _, suffix = name.partition("+")
+    if suffix not in ("", "betas"):
+        raise ProfileError(f"unknown profile suffix {suffix!r} in {name!r}: only '+betas' exists")
+    try:
+        major, minor_text = base.split(".")
+        minor = int(minor_text)
+    except ValueError:
+        raise ProfileError(f"API profile {name!r} is not of the form 1.NN[+betas]") from None
+    if major != "1" or minor not in _GATES_BY_MINOR:
+        supported = ", ".join(f"1.{m}" for m in SUPPORTED_MINORS)
+        raise ProfileError(f"API profile {name!r} is not supported; choose one of {supported} (+betas)")
+    if suffix and minor < 34:
+        raise ProfileError(f"profile {base} serves only beta versions already; '+betas' applies to 1.34+")
+    return ApiProfile(name=name, minor=minor, betas=bool(suffix))

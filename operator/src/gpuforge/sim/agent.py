@@ -1,0 +1,387 @@
+"""SIMULATION: the GPU node agent of the local control plane (test tooling, not part of the operator).
+
+No GPUs exist here. This agent stands in for what the NVIDIA plugins do on a real node, so the operator can be
+tested against a real API server:
+- a device-plugin pod (label gpuforge.io/component=device-plugin) Ready on a node: the node's capacity and
+  allocatable get `nvidia.com/gpu` = its GPU count (kubelet's device manager would do this); when the pod goes
+  or turns unready, they drop to 0;
+- a DRA kubelet-plugin pod (component=dra-kubelet-plugin) Ready on a node: a ResourceSlice for that node appears,
+  driver gpu.nvidia.com, in the newest resource.k8s.io version the server serves, with the attributes and
+  capacity NVIDIA's driver publishes; when the pod goes, the slice goes.
+The node's GPUs come from its `sim.gpuforge.io/gpus` annotation (written by the pool definition).
+Every moment a node advertises through both stacks at once is appended to `violations.jsonl`, so tests can
+assert that it never happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from gpuforge.constants import (
+    COMPONENT_DEVICE_PLUGIN,
+    COMPONENT_DRA_KUBELET_PLUGIN,
+    COMPONENT_LABEL,
+    DRA_DRIVER_GPU,
+    GPU_RESOURCE,
+)
+from gpuforge.devcluster.pools import SIM_GPUS_ANNOTATION, GpuSpec
+
+log = logging.getLogger("gpuforge.sim.agent")
+RESOURCE_GROUP = "resource.k8s.io"
+SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
+MANAGED_BY = "gpuforge-sim-agent"
+
+
+def _semver(text: str) -> str:
+    """NVIDIA publishes versions as semver; '580.95.05' -> '580.95.5', '13.0' -> '13.0.0'."""
+    parts = [str(int(p)) for p in text.split(".") if p.isdigit()][:3]
+    while len(parts) < 3:
+        parts.append("0")
+    return ".".join(parts)
+
+
+def _uuid(node: str, index: int) -> str:
+    digest = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def render_devices(node: str, gpu: GpuSpec, version: str) -> list[dict[str, Any]]:
+    """The devices NVIDIA's gpu-kubelet-plugin would publish for this node, in the given API version's shape."""
+    devices = []
+    for index in range(gpu.count):
+        attributes = {
+            "type": {"string": "gpu"},
+            "uuid": {"string": _uuid(node, index)},
+            "productName": {"string": gpu.product},
+            "brand": {"string": gpu.brand},
+            "architecture": {"string": gpu.architecture},
+            "cudaComputeCapability": {"version": _semver(gpu.compute_capability)},
+            "driverVersion": {"version": _semver(gpu.driver_version)},
+            "cudaDriverVersion": {"version": _semver(gpu.cuda_version)},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x10 + index:02x}:00.0"},
+        }
+        capacity = {"memory": {"value": f"{gpu.memory_mib}Mi"}}
+        if version == "v1beta1":
+            devices.append(
+                {"name": f"gpu-{index}", "basic": {"attributes": attributes, "capacity": capacity}}
+            )
+        else:
+            devices.append({"name": f"gpu-{index}", "attributes": attributes, "capacity": capacity})
+    return devices
+
+
+def render_slice(node: dict[str, Any], gpu: GpuSpec, version: str) -> dict[str, Any]:
+    name = node["metadata"]["name"]
+    return {
+        "apiVersion": f"{RESOURCE_GROUP}/{version}",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"{name}-{DRA_DRIVER_GPU}",
+            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+            ],
+        },
+        "spec": {
+            "driver": DRA_DRIVER_GPU,
+            "nodeName": name,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": render_devices(name, gpu, version),
+        },
+    }
+
+
+class WorkQueue:
+    """Like client-go's workqueue: a node is never reconciled by two workers at once, and a node marked
+    again while being reconciled is reconciled once more afterwards (so the newest state always wins)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._lock = threading.Lock()
+        self._queued: set[str] = set()
+        self._processing: set[str] = set()
+        self._dirty: set[str] = set()
+
+    def put(self, name: str) -> None:
+        with self._lock:
+            if name in self._processing:
+                self._dirty.add(name)
+                return
+            if name in self._queued:
+                return
+            self._queued.add(name)
+        self._queue.put(name)
+
+    def get(self) -> str:
+        name = self._queue.get()
+        with self._lock:
+            self._queued.discard(name)
+            self._processing.add(name)
+        return name
+
+    def done(self, name: str) -> None:
+        with self._lock:
+            self._processing.discard(name)
+            again = name in self._dirty
+            self._dirty.discard(name)
+        if again:
+            self.put(name)
+
+
+@dataclass
+class NodeView:
+    """What the agent knows of one node: its GPUs and which plugin pods are Ready on it."""
+
+    obj: dict[str, Any] | None = None
+    device_plugin_pods: set[str] = field(default_factory=set)
+    dra_pods: set[str] = field(default_factory=set)
+    advertising_device_plugin: bool = False
+    advertising_dra: bool = False
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+class Agent:
+    def __init__(self, api: client.ApiClient, state_dir: Path) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.state_dir = state_dir
+        self.nodes: dict[str, NodeView] = {}
+        self.pod_nodes: dict[str, tuple[str, str]] = {}  # pod uid -> (node, component)
+        self.lock = threading.Lock()
+        self.work = WorkQueue()
+        self.slice_version = self._discover_slice_version()
+
+    def _discover_slice_version(self) -> str | None:
+        apis = client.ApisApi(self.api)
+        for group in apis.get_api_versions().groups:
+            if group.name == RESOURCE_GROUP:
+                served = {v.version for v in group.versions}
+                for version in SLICE_VERSIONS:
+                    if version in served:
+                        return version
+        return None
+
+    # --- watches -------------------------------------------------------------------------------
+    def _serialize(self, obj: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return result
+
+    def watch_nodes(self) -> None:
+        while True:
+            try:
+                listing = self.core.list_node()
+                with self.lock:
+                    seen = set()
+                    for item in listing.items:
+                        node = self._serialize(item)
+                        name = node["metadata"]["name"]
+                        seen.add(name)
+                        self.nodes.setdefault(name, NodeView()).obj = node
+                    for name in set(self.nodes) - seen:
+                        self.nodes[name].obj = None
+                for name in list(self.nodes):
+                    self.work.put(name)
+                self._node_synced.set()
+                stream = watch.Watch().stream(
+                    self.core.list_node,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=300,
+                )
+                for event in stream:
+                    node = self._serialize(event["object"])
+                    name = node["metadata"]["name"]
+                    with self.lock:
+                        view = self.nodes.setdefault(name, NodeView())
+                        first = view.obj is None
+                        view.obj = None if event["type"] == "DELETED" else node
+                    if first or event["type"] == "DELETED":
+                        self.work.put(name)
+            except Exception as error:  # watches end and fail; start over from a fresh list
+                log.info("node watch restarts: %s", error)
+                time.sleep(1)
+
+    def watch_pods(self) -> None:
+        selector = f"{COMPONENT_LABEL} in ({COMPONENT_DEVICE_PLUGIN},{COMPONENT_DRA_KUBELET_PLUGIN})"
+        while True:
+            try:
+                listing = self.core.list_pod_for_all_namespaces(label_selector=selector)
+                with self.lock:
+                    for view in self.nodes.values():
+                        view.device_plugin_pods.clear()
+                        view.dra_pods.clear()
+                    self.pod_nodes.clear()
+                for item in listing.items:
+                    self._on_pod(self._serialize(item), deleted=False)
+                for name in list(self.nodes):
+                    self.work.put(name)
+                self._pod_synced.set()
+                stream = watch.Watch().stream(
+                    self.core.list_pod_for_all_namespaces,
+                    label_selector=selector,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=300,
+                )
+                for event in stream:
+                    self._on_pod(self._serialize(event["object"]), deleted=event["type"] == "DELETED")
+            except Exception as error:
+                log.info("pod watch restarts: %s", error)
+                time.sleep(1)
+
+    def _on_pod(self, pod: dict[str, Any], deleted: bool) -> None:
+        uid = pod["metadata"]["uid"]
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        component = pod["metadata"].get("labels", {}).get(COMPONENT_LABEL, "")
+        ready = not deleted and _pod_ready(pod)
+        touched = set()
+        with self.lock:
+            previous = self.pod_nodes.pop(uid, None)
+            if previous:
+                old_node, old_component = previous
+                view = self.nodes.setdefault(old_node, NodeView())
+                (
+                    view.device_plugin_pods if old_component == COMPONENT_DEVICE_PLUGIN else view.dra_pods
+                ).discard(uid)
+                touched.add(old_node)
+            if ready and node_name:
+                self.pod_nodes[uid] = (node_name, component)
+                view = self.nodes.setdefault(node_name, NodeView())
+                (view.device_plugin_pods if component == COMPONENT_DEVICE_PLUGIN else view.dra_pods).add(uid)
+                touched.add(node_name)
+        for name in touched:
+            self.work.put(name)
+
+    # --- reconcile -----------------------------------------------------------------------------
+    def worker(self) -> None:
+        while True:
+            name = self.work.get()
+            try:
+                self.reconcile(name)
+            except Exception as error:
+                log.warning("reconciling %s failed, retrying: %s", name, error)
+                time.sleep(0.5)
+                self.work.put(name)
+            finally:
+                self.work.done(name)
+
+    def reconcile(self, name: str) -> None:
+        with self.lock:
+            view = self.nodes.get(name)
+            if view is None or view.obj is None:
+                return
+            node = view.obj
+            want_dp = bool(view.device_plugin_pods)
+            want_dra = bool(view.dra_pods)
+        raw_gpus = node["metadata"].get("annotations", {}).get(SIM_GPUS_ANNOTATION)
+        if raw_gpus is None:
+            return  # not a GPU node: plugins find nothing to advertise
+        gpu = GpuSpec.from_json(raw_gpus)
+        if want_dp and want_dra and not (view.advertising_device_plugin and view.advertising_dra):
+            self._record_violation(name, view)
+        self._set_capacity(name, node, gpu.count if want_dp else 0)
+        if want_dra and self.slice_version is not None:
+            self._publish_slice(node, gpu)
+        else:
+            self._remove_slices(name)
+        with self.lock:
+            view.advertising_device_plugin = want_dp
+            view.advertising_dra = want_dra
+
+    def _set_capacity(self, name: str, node: dict[str, Any], count: int) -> None:
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        current = capacity.get(GPU_RESOURCE)
+        if current is None and count == 0:
+            return  # never advertised: kubelet would not mention the resource at all
+        if current == str(count):
+            return
+        value = str(count)
+        body = {"status": {"capacity": {GPU_RESOURCE: value}, "allocatable": {GPU_RESOURCE: value}}}
+        updated = self.core.patch_node_status(name, body)
+        with self.lock:
+            view = self.nodes.get(name)
+            if view is not None:
+                view.obj = self._serialize(updated)
+
+    def _publish_slice(self, node: dict[str, Any], gpu: GpuSpec) -> None:
+        assert self.slice_version is not None
+        body = render_slice(node, gpu, self.slice_version)
+        try:
+            self.custom.create_cluster_custom_object(
+                RESOURCE_GROUP, self.slice_version, "resourceslices", body
+            )
+        except client.ApiException as error:
+            if error.status != 409:
+                raise
+
+    def _remove_slices(self, name: str) -> None:
+        if self.slice_version is None:
+            return
+        try:
+            self.custom.delete_cluster_custom_object(
+                RESOURCE_GROUP, self.slice_version, "resourceslices", f"{name}-{DRA_DRIVER_GPU}"
+            )
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+
+    def _record_violation(self, name: str, view: NodeView) -> None:
+        entry = {
+            "time": time.time(),
+            "node": name,
+            "devicePluginPods": sorted(view.device_plugin_pods),
+            "draPods": sorted(view.dra_pods),
+        }
+        log.error("node %s advertises GPUs through both the device plugin and DRA", name)
+        with (self.state_dir / "violations.jsonl").open("a") as stream:
+            stream.write(json.dumps(entry) + "\n")
+
+    # --- main ----------------------------------------------------------------------------------
+    def run(self, workers: int = 4) -> None:
+        self._node_synced = threading.Event()
+        self._pod_synced = threading.Event()
+        threading.Thread(target=self.watch_nodes, daemon=True, name="nodes").start()
+        self._node_synced.wait()
+        threading.Thread(target=self.watch_pods, daemon=True, name="pods").start()
+        self._pod_synced.wait()
+        for index in range(workers):
+            threading.Thread(target=self.worker, daemon=True, name=f"worker-{index}").start()
+        (self.state_dir / "ready").write_text(f"slices via {self.slice_version}\n")
+        log.info("agent ready; ResourceSlices via %s/%s", RESOURCE_GROUP, self.slice_version)
+        threading.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="SIMULATION: GPU node agent for the local control plane")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--state-dir", required=True, type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    (args.state_dir / "ready").unlink(missing_ok=True)
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=args.kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = 16
+    Agent(client.ApiClient(configuration), args.state_dir).run()
+
+
+if __name__ == "__main__":
+    main()
