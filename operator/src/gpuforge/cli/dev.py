@@ -112,7 +112,8 @@ def up(name: str, api_profile: str, nodes: int | None, pools_file: Path | None) 
         return
     count = sum(p.count for p in pools)
     err.print(
-        f"[green]Cluster {name!r} up in {seconds:.1f}s[/]: API profile {api_profile}, {count} simulated GPU nodes.\n"
+        f"[green]Cluster {name!r} up in {seconds:.1f}s[/]: API profile {api_profile}, "
+        f"{count} simulated GPU nodes.\n"
         f"  export KUBECONFIG={dev_cluster.kubeconfig}"
     )
     out.print(str(dev_cluster.kubeconfig), highlight=False)
@@ -172,7 +173,8 @@ def status(name: str, output: str) -> None:
             )
         out.print(table)
         out.print(
-            f"resource.k8s.io served: {', '.join(profile.served_versions)}; kubeconfig {dev_cluster.kubeconfig}"
+            f"resource.k8s.io served: {', '.join(profile.served_versions)}; "
+            f"kubeconfig {dev_cluster.kubeconfig}"
         )
     if not components or not all(c.running and c.healthy for c in components):
         sys.exit(EXIT_NOT_RUNNING if not any(c.running for c in components) else EXIT_FAILURE)

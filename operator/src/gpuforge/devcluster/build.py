@@ -41,7 +41,9 @@ GOMOD_DIR = PACKAGE_DIR / "gomod"
 RECIPE_REVISION = "1"
 
 KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-BINARIES = (*KUBERNETES_BINARIES, "etcd", "kwok")
+# Components of the older release, for the beta-only API profiles; built into bin/beta/.
+BETA_COMPONENTS = ("kube-controller-manager", "kube-scheduler")
+BINARIES = (*KUBERNETES_BINARIES, "etcd", "kwok", *(f"beta/{name}" for name in BETA_COMPONENTS))
 
 
 class BuildError(RuntimeError):
@@ -56,11 +58,17 @@ class Versions:
     staging: str
     etcd: str
     kwok: str
+    beta_kubernetes: str
+    beta_staging: str
 
     @property
     def kubernetes_minor(self) -> str:
-        major, minor = self.kubernetes.lstrip("v").split(".")[:2]
-        return f"{major}.{minor}"
+        return _minor(self.kubernetes)
+
+
+def _minor(version: str) -> str:
+    major, minor = version.lstrip("v").split(".")[:2]
+    return f"{major}.{minor}"
 
 
 def load_versions(path: Path = VERSIONS_FILE) -> Versions:
@@ -72,6 +80,8 @@ def load_versions(path: Path = VERSIONS_FILE) -> Versions:
         staging=data["kubernetes"]["staging"],
         etcd=data["etcd"]["version"],
         kwok=data["kwok"]["version"],
+        beta_kubernetes=data["kubernetes_beta_components"]["version"],
+        beta_staging=data["kubernetes_beta_components"]["staging"],
     )
 
 
@@ -204,10 +214,10 @@ class _Target:
     ldflags: str
 
 
-def _targets(versions: Versions) -> list[_Target]:
-    k8s_version = versions.kubernetes
-    major, minor = versions.kubernetes_minor.split(".")
-    version_flags = " ".join(
+def _version_flags(k8s_version: str) -> str:
+    """What the Kubernetes release scripts stamp into binaries, so they report their real version."""
+    major, minor = _minor(k8s_version).split(".")
+    return " ".join(
         f"-X {pkg}.{key}={value}"
         for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
         for key, value in (
@@ -217,12 +227,21 @@ def _targets(versions: Versions) -> list[_Target]:
             ("gitTreeState", "clean"),
         )
     )
+
+
+def _targets(versions: Versions) -> list[_Target]:
     return [
         _Target(
             "kubernetes",
             tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_BINARIES),
             KUBERNETES_BINARIES,
-            f"-s -w {version_flags}",
+            f"-s -w {_version_flags(versions.kubernetes)}",
+        ),
+        _Target(
+            "kubernetes-beta",
+            tuple(f"k8s.io/kubernetes/cmd/{name}" for name in BETA_COMPONENTS),
+            tuple(f"beta/{name}" for name in BETA_COMPONENTS),
+            f"-s -w {_version_flags(versions.beta_kubernetes)}",
         ),
         _Target("etcd", (".",), ("etcd",), "-s -w"),
         _Target(
@@ -242,23 +261,28 @@ def _write_wrapper_module(target: str, versions: Versions, work: Path, go: Path,
         for item in committed.iterdir():
             shutil.copy2(item, work / item.name)
         return
-    if target == "kubernetes":
+    if target in ("kubernetes", "kubernetes-beta"):
+        release, staging_tag = (
+            (versions.kubernetes, versions.staging)
+            if target == "kubernetes"
+            else (versions.beta_kubernetes, versions.beta_staging)
+        )
         # k8s.io/kubernetes replaces its staging modules with ./staging/...; a dependent module must pin
         # each of them to the matching published tag instead. The list comes from its own go.mod.
         subprocess.run(
-            [str(go), "mod", "download", f"k8s.io/kubernetes@{versions.kubernetes}"],
+            [str(go), "mod", "download", f"k8s.io/kubernetes@{release}"],
             env=env,
             check=True,
             capture_output=True,
         )
-        mod_file = (
-            Path(env["GOMODCACHE"]) / "cache/download/k8s.io/kubernetes/@v" / f"{versions.kubernetes}.mod"
-        )
-        staging = re.findall(r"^\s*(k8s\.io/[\w.-]+) => \./staging/", mod_file.read_text(), re.MULTILINE)
-        replaces = "\n".join(f"\t{m} => {m} {versions.staging}" for m in staging if "sample-" not in m)
+        mod_file = Path(env["GOMODCACHE"]) / "cache/download/k8s.io/kubernetes/@v" / f"{release}.mod"
+        mod_text = mod_file.read_text()
+        staging = re.findall(r"^\s*(k8s\.io/[\w.-]+) => \./staging/", mod_text, re.MULTILINE)
+        go_line = re.search(r"^go \S+", mod_text, re.MULTILINE)
+        replaces = "\n".join(f"\t{m} => {m} {staging_tag}" for m in staging if "sample-" not in m)
         text = (
-            "module gpuforge.local/controlplane\n\ngo 1.26.0\n\n"
-            f"require k8s.io/kubernetes {versions.kubernetes}\n\nreplace (\n{replaces}\n)\n"
+            f"module gpuforge.local/{target}\n\n{go_line.group(0) if go_line else 'go 1.24.0'}\n\n"
+            f"require k8s.io/kubernetes {release}\n\nreplace (\n{replaces}\n)\n"
         )
     elif target == "etcd":
         text = (
@@ -322,7 +346,8 @@ def build(console: Console | None = None, force: bool = False) -> Binaries:
     go = find_go(versions, console)
     env = go_environment()
     console.print(
-        f"Building the local control plane (Kubernetes {versions.kubernetes}, etcd {versions.etcd}, "
+        f"Building the local control plane (Kubernetes {versions.kubernetes}, controller-manager and "
+        f"scheduler {versions.beta_kubernetes} for the beta API profiles, etcd {versions.etcd}, "
         f"kwok {versions.kwok}) with {go} into {target_dir}.\n"
         "The first build takes many minutes on 2 cores; later runs reuse it."
     )
@@ -342,7 +367,12 @@ def build(console: Console | None = None, force: bool = False) -> Binaries:
             _write_wrapper_module(target.name, versions, work, go, env)
             total = _count_packages(go, target, work, env)
             progress.update(task, description=f"{target.name}: compiling", total=total)
-            out = bin_dir if len(target.outputs) > 1 else bin_dir / target.outputs[0]
+            out = (
+                bin_dir / Path(target.outputs[0]).parent
+                if len(target.outputs) > 1
+                else bin_dir / target.outputs[0]
+            )
+            out.parent.mkdir(parents=True, exist_ok=True)
             command = [
                 str(go), "build", "-v", "-trimpath", "-ldflags", target.ldflags,
                 "-o", f"{out}/" if len(target.outputs) > 1 else str(out), *target.packages,

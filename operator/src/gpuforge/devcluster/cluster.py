@@ -46,8 +46,6 @@ POD_CIDR = "10.244.0.0/16"
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
-    "etcd-internal",
-    "kube-apiserver-internal",
     "kube-controller-manager",
     "kube-scheduler",
     "kwok",
@@ -84,7 +82,7 @@ def _free_port() -> int:
 
 
 def _proc_start_time(pid: int) -> int | None:
-    """Kernel start time of a process (clock ticks since boot): tells a pid reused by another process apart."""
+    """Kernel start time of a process (ticks since boot): tells a pid reused by another process apart."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -225,10 +223,7 @@ class DevCluster:
             for name in (
                 "etcd",
                 "etcd-peer",
-                "etcd-internal",
-                "etcd-internal-peer",
                 "apiserver",
-                "apiserver-internal",
                 "kcm",
                 "scheduler",
                 "kwok",
@@ -255,9 +250,6 @@ class DevCluster:
 
     def _start_control_plane(self, state: ClusterState, profile: ApiProfile) -> None:
         self._start(state, "kube-apiserver", profile)
-        if profile.needs_internal_apiserver:
-            self._start(state, "etcd-internal", profile)
-            self._start(state, "kube-apiserver-internal", profile)
         for component in ("kube-controller-manager", "kube-scheduler", "kwok", "gpu-agent"):
             self._start(state, component, profile)
         self._wait_for(
@@ -313,9 +305,7 @@ class DevCluster:
     # --- configuration -------------------------------------------------------------------------
     def _write_configs(self, state: ClusterState) -> None:
         server = f"https://127.0.0.1:{state.ports['apiserver']}"
-        internal = f"https://127.0.0.1:{state.ports['apiserver-internal']}"
-        profile = parse_profile(state.profile)
-        component_server = internal if profile.needs_internal_apiserver else server
+        component_server = server
         files = {
             "admin.kubeconfig": pki.kubeconfig(self.pki_dir, pki.ADMIN, server, f"gpuforge-{self.name}"),
             "kwok.kubeconfig": pki.kubeconfig(self.pki_dir, pki.KWOK, server, "local"),
@@ -346,7 +336,7 @@ class DevCluster:
         ports = state.ports
         pki_dir = self.pki_dir
         binaries = self.binaries
-        if component in ("etcd", "etcd-internal"):
+        if component == "etcd":
             peer = f"http://127.0.0.1:{ports[component + '-peer']}"
             client = f"http://127.0.0.1:{ports[component]}"
             return [
@@ -364,9 +354,10 @@ class DevCluster:
                 "--log-level=warn",
             ]
         assert profile is not None
-        if component in ("kube-apiserver", "kube-apiserver-internal"):
-            internal = component.endswith("internal")
-            port = ports["apiserver-internal" if internal else "apiserver"]
+        older = profile.needs_older_components
+        component_gates = profile.component_feature_gates
+        if component == "kube-apiserver":
+            port = ports["apiserver"]
             return [
                 str(binaries.path("kube-apiserver")),
                 f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
@@ -383,16 +374,7 @@ class DevCluster:
                 "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionWebhook,MutatingAdmissionWebhook,"
                 "ValidatingAdmissionPolicy",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                f"--runtime-config={profile.runtime_config(internal=internal)}",
-                # Both API servers register the group versions they serve as APIService objects; were those
-                # shared, discovery on the public one would list v1 again. The internal one keeps its own.
-                *(
-                    [
-                        f"--etcd-servers-overrides=apiregistration.k8s.io/apiservices#http://127.0.0.1:{ports['etcd-internal']}"
-                    ]
-                    if internal
-                    else []
-                ),
+                f"--runtime-config={profile.runtime_config()}",
                 *([f"--feature-gates={profile.feature_gates}"] if profile.feature_gates else []),
                 "--allow-privileged=true",
                 # The loopback address cannot be an Endpoints address: nobody needs kubernetes.default here.
@@ -405,7 +387,7 @@ class DevCluster:
         if component == "kube-controller-manager":
             kubeconfig = self.state_dir / "controller-manager.kubeconfig"
             return [
-                str(binaries.path("kube-controller-manager")),
+                str(binaries.path("beta/kube-controller-manager" if older else "kube-controller-manager")),
                 f"--kubeconfig={kubeconfig}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
@@ -421,19 +403,19 @@ class DevCluster:
                 "--kube-api-qps=1000",
                 "--kube-api-burst=2000",
                 "--concurrent-daemonset-syncs=4",
-                *([f"--feature-gates={profile.feature_gates}"] if profile.feature_gates else []),
+                *([f"--feature-gates={component_gates}"] if component_gates else []),
                 "--v=1",
             ]
         if component == "kube-scheduler":
             kubeconfig = self.state_dir / "scheduler.kubeconfig"
             return [
-                str(binaries.path("kube-scheduler")),
+                str(binaries.path("beta/kube-scheduler" if older else "kube-scheduler")),
                 f"--config={self.state_dir / 'scheduler.yaml'}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={ports['scheduler']}",
-                *([f"--feature-gates={profile.feature_gates}"] if profile.feature_gates else []),
+                *([f"--feature-gates={component_gates}"] if component_gates else []),
                 "--v=1",
             ]
         if component == "kwok":
@@ -515,12 +497,11 @@ class DevCluster:
     def _healthy(self, component: str, state: ClusterState) -> tuple[bool, str]:
         ports = state.ports
         profile = parse_profile(state.profile)
-        if component in ("etcd", "etcd-internal"):
+        if component == "etcd":
             url, context = f"http://127.0.0.1:{ports[component]}/health", None
-        elif component in ("kube-apiserver", "kube-apiserver-internal"):
-            port = ports["apiserver-internal" if component.endswith("internal") else "apiserver"]
-            url = f"https://127.0.0.1:{port}/readyz"
-            if component == "kube-apiserver" and profile.needs_internal_apiserver:
+        elif component == "kube-apiserver":
+            url = f"https://127.0.0.1:{ports['apiserver']}/readyz"
+            if profile.needs_older_components:
                 # Its own v1 ResourceSlice informer cannot sync while v1 is off (see profiles.py).
                 url += "?exclude=informer-sync"
             context = self._ssl_context(client=True)
@@ -564,7 +545,9 @@ class DevCluster:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig), client_configuration=configuration
+        )
         configuration.connection_pool_maxsize = 32
         return client.ApiClient(configuration)
 
@@ -594,7 +577,7 @@ class DevCluster:
         profile = parse_profile(state.profile)
         nodes = render_nodes(pools, profile.default_kubelet_version)
         with self.api_client() as api_client:
-            core = client.CoreV1Api(api_client)
+            core: Any = client.CoreV1Api(api_client)
 
             def create(node: dict[str, Any]) -> None:
                 try:
@@ -620,7 +603,7 @@ class DevCluster:
         wanted = set(names)
         deadline = time.monotonic() + timeout
         with self.api_client() as api_client:
-            core = client.CoreV1Api(api_client)
+            core: Any = client.CoreV1Api(api_client)
             while True:
                 ready = {
                     node.metadata.name
@@ -642,7 +625,7 @@ class DevCluster:
         from kubernetes import client
 
         with self.api_client() as api_client:
-            core = client.CoreV1Api(api_client)
+            core: Any = client.CoreV1Api(api_client)
             core.patch_node(name, patch)
             if not ready:
                 # kwok reacts to the annotation; make sure the condition flips even between its heartbeats.

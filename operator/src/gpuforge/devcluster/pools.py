@@ -169,9 +169,9 @@ def uniform_pools(nodes: int) -> list[Pool]:
 
 def gpu_labels(gpu: GpuSpec) -> dict[str, str]:
     """Labels NFD (PCI vendor 10de) and GPU Feature Discovery publish for these GPUs."""
-    driver_major, driver_minor, *driver_rest = (gpu.driver_version.split(".") + ["0", "0"])[:3]
-    cuda_major, cuda_minor = (gpu.cuda_version.split(".") + ["0"])[:2]
-    cc_major, cc_minor = (gpu.compute_capability.split(".") + ["0"])[:2]
+    driver_major, driver_minor, *driver_rest = [*gpu.driver_version.split("."), "0", "0"][:3]
+    cuda_major, cuda_minor = [*gpu.cuda_version.split("."), "0"][:2]
+    cc_major, cc_minor = [*gpu.compute_capability.split("."), "0"][:2]
     revision = driver_rest[0] if driver_rest else "0"
     return {
         "feature.node.kubernetes.io/pci-10de.present": "true",

@@ -5,12 +5,11 @@ and the DRA feature gates that release had by default (facts: shared/reference/d
 versioned gate table of the pinned release). Gates the pinned release has locked to their GA default cannot
 be turned back off; they are listed in `locked_differences` so `gpuforge dev cluster status` can say so.
 
-The pinned kube-apiserver, controller-manager and scheduler (1.36) read ResourceSlices and ResourceClaims
-through `resource.k8s.io/v1` only, and the API server's own readiness waits for that informer. So for the
-beta-only profiles (1.32, 1.33) the control plane runs two API servers on the same etcd, as an HA control plane
-does in the middle of an upgrade: the public one, that every client (kubectl, operator, webhook, agent,
-tests) uses, serves exactly the profile's versions; an internal one, used only by the controller-manager and
-the scheduler, also serves v1. Pure data, no I/O.
+The pinned controller-manager and scheduler (1.36) read ResourceSlices and ResourceClaims through
+`resource.k8s.io/v1` only. For the beta-only profiles (1.32, 1.33) they are replaced by the 1.33 ones (built
+alongside, see versions.toml), which use v1beta1 as a real 1.33 control plane does; the 1.36 API server serves
+exactly the profile's versions. Its own readiness check `informer-sync` then never passes (an informer of its
+own watches v1 ResourceSlices), so health is checked without that one check. Pure data, no I/O.
 """
 
 from __future__ import annotations
@@ -113,11 +112,24 @@ class ApiProfile:
         return ("v1", "v1beta2", "v1beta1") if self.betas else ("v1",)
 
     @property
-    def needs_internal_apiserver(self) -> bool:
+    def needs_older_components(self) -> bool:
+        """Whether controller-manager and scheduler must come from the older (v1beta1-speaking) release."""
         return "v1" not in self.served_versions
 
-    def runtime_config(self, *, internal: bool = False) -> str:
-        served = set(ALL_DRA_VERSIONS) if internal else set(self.served_versions)
+    @property
+    def component_feature_gates(self) -> str:
+        """Gates for controller-manager and scheduler (the 1.33 binaries' own for the beta profiles)."""
+        if not self.needs_older_components:
+            return self.feature_gates
+        gates = {
+            "DynamicResourceAllocation": True
+        }  # beta, off by default in 1.32/1.33: clusters using DRA set it
+        if self.minor == 32:
+            gates["DRAResourceClaimDeviceStatus"] = False
+        return ",".join(f"{name}={'true' if value else 'false'}" for name, value in sorted(gates.items()))
+
+    def runtime_config(self) -> str:
+        served = set(self.served_versions)
         return ",".join(
             f"{RESOURCE_GROUP}/{version}={'true' if version in served else 'false'}"
             for version in ALL_DRA_VERSIONS

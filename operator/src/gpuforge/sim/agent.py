@@ -5,7 +5,7 @@ tested against a real API server:
 - a device-plugin pod (label gpuforge.io/component=device-plugin) Ready on a node: the node's capacity and
   allocatable get `nvidia.com/gpu` = its GPU count (kubelet's device manager would do this); when the pod goes
   or turns unready, they drop to 0;
-- a DRA kubelet-plugin pod (component=dra-kubelet-plugin) Ready on a node: a ResourceSlice for that node appears,
+- a DRA kubelet-plugin pod (component=dra-kubelet-plugin) Ready on a node: a ResourceSlice for it appears,
   driver gpu.nvidia.com, in the newest resource.k8s.io version the server serves, with the attributes and
   capacity NVIDIA's driver publishes; when the pod goes, the slice goes.
 The node's GPUs come from its `sim.gpuforge.io/gpus` annotation (written by the pool definition).
@@ -57,7 +57,7 @@ def _uuid(node: str, index: int) -> str:
 
 
 def render_devices(node: str, gpu: GpuSpec, version: str) -> list[dict[str, Any]]:
-    """The devices NVIDIA's gpu-kubelet-plugin would publish for this node, in the given API version's shape."""
+    """The devices NVIDIA's gpu-kubelet-plugin would publish for this node, in that API version's shape."""
     devices = []
     for index in range(gpu.count):
         attributes = {
@@ -162,8 +162,8 @@ def _pod_ready(pod: dict[str, Any]) -> bool:
 class Agent:
     def __init__(self, api: client.ApiClient, state_dir: Path) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.core: Any = client.CoreV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
         self.state_dir = state_dir
         self.nodes: dict[str, NodeView] = {}
         self.pod_nodes: dict[str, tuple[str, str]] = {}  # pod uid -> (node, component)
@@ -182,8 +182,12 @@ class Agent:
         return None
 
     # --- watches -------------------------------------------------------------------------------
+    @staticmethod
+    def _watch() -> Any:
+        return watch.Watch()  # type: ignore[no-untyped-call]
+
     def _serialize(self, obj: Any) -> dict[str, Any]:
-        result: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        result: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         return result
 
     def watch_nodes(self) -> None:
@@ -202,7 +206,7 @@ class Agent:
                 for name in list(self.nodes):
                     self.work.put(name)
                 self._node_synced.set()
-                stream = watch.Watch().stream(
+                stream = self._watch().stream(
                     self.core.list_node,
                     resource_version=listing.metadata.resource_version,
                     timeout_seconds=300,
@@ -235,7 +239,7 @@ class Agent:
                 for name in list(self.nodes):
                     self.work.put(name)
                 self._pod_synced.set()
-                stream = watch.Watch().stream(
+                stream = self._watch().stream(
                     self.core.list_pod_for_all_namespaces,
                     label_selector=selector,
                     resource_version=listing.metadata.resource_version,
@@ -378,7 +382,9 @@ def main() -> None:
     args.state_dir.mkdir(parents=True, exist_ok=True)
     (args.state_dir / "ready").unlink(missing_ok=True)
     configuration = client.Configuration()
-    config.load_kube_config(config_file=args.kubeconfig, client_configuration=configuration)
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=args.kubeconfig, client_configuration=configuration
+    )
     configuration.connection_pool_maxsize = 16
     Agent(client.ApiClient(configuration), args.state_dir).run()
 

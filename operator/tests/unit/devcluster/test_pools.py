@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuforge.devcluster.pools import GpuSpec, PoolError, gpu_labels, parse_pools, render_node, render_nodes
+
+
+def test_pool_file_parses_with_defaults() -> None:
+    pools = parse_pools(
+        {
+            "pools": [
+                {
+                    "name": "h100",
+                    "count": 2,
+                    "kubeletVersion": "v1.34.2",
+                    "gpu": {
+                        "product": "NVIDIA H100 80GB HBM3",
+                        "count": 8,
+                        "memoryMiB": 81559,
+                        "driverVersion": 580.95,
+                    },
+                    "labels": {"zone": "a"},
+                    "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+                },
+                {"name": "cpu", "count": 1, "gpu": None},
+            ]
+        }
+    )
+    assert [p.node_names() for p in pools] == [["h100-0", "h100-1"], ["cpu-0"]]
+    assert pools[0].gpu is not None and pools[0].gpu.driver_version == "580.95"
+    assert pools[1].gpu is None
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({}, "non-empty list"),
+        ({"pools": [{"name": "Bad_Name"}]}, "DNS label"),
+        ({"pools": [{"name": "a", "count": -1}]}, "non-negative"),
+        ({"pools": [{"name": "a", "kubeletVersion": "1.34"}]}, "v1.34.2"),
+        ({"pools": [{"name": "a", "gpu": {"colour": "green"}}]}, "unknown keys"),
+        ({"pools": [{"name": "a"}, {"name": "a"}]}, "unique"),
+    ],
+)
+def test_bad_pool_files_name_the_field(document: dict[str, Any], message: str) -> None:
+    with pytest.raises(PoolError, match=message):
+        parse_pools(document)
+
+
+def test_gpu_labels_match_nfd_and_gfd_keys() -> None:
+    labels = gpu_labels(GpuSpec(product="NVIDIA L4", count=1, memory_mib=23034, driver_version="570.172.08"))
+    assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert labels["nvidia.com/gpu.count"] == "1"
+    assert labels["nvidia.com/gpu.memory"] == "23034"
+    assert labels["nvidia.com/cuda.driver.major"] == "570"
+    assert labels["nvidia.com/cuda.driver-version.full"] == "570.172.08"
+
+
+def test_nodes_carry_kubelet_version_and_simulation_annotation() -> None:
+    pools = parse_pools(
+        {"pools": [{"name": "gpu", "count": 1}, {"name": "old", "count": 1, "kubeletVersion": "v1.31.4"}]}
+    )
+    nodes = render_nodes(pools, "v1.36.0")
+    assert [n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes] == ["v1.36.0", "v1.31.4"]
+    assert nodes[0]["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    assert GpuSpec.from_json(nodes[0]["metadata"]["annotations"]["sim.gpuforge.io/gpus"]) == GpuSpec()
+    cpu = render_node(parse_pools({"pools": [{"name": "cpu", "gpu": None}]})[0], "cpu-0", "v1.36.0")
+    assert "sim.gpuforge.io/gpus" not in cpu["metadata"]["annotations"]
