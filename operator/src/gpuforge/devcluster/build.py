@@ -10,6 +10,8 @@ partial or broken build, which is thrown away and rebuilt.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -325,6 +327,20 @@ def _count_packages(go: Path, target: _Target, work: Path, env: dict[str, str]) 
     return len(result.stdout.split())
 
 
+@contextlib.contextmanager
+def _build_lock(key: str, console: Console) -> Iterator[None]:
+    """One build per key at a time: a second `make test` or test session waits for the first build."""
+    lock_path = cache_root() / "controlplane" / f"{key}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            console.print("Another build of the control plane is running; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build(console: Console | None = None, force: bool = False) -> Binaries:
     """Return cached binaries, building them first if the cache is missing, partial or broken."""
     console = console or Console(stderr=True, soft_wrap=True)
@@ -334,6 +350,15 @@ def build(console: Console | None = None, force: bool = False) -> Binaries:
         if cached is not None:
             return cached
     key = build_key(versions)
+    with _build_lock(key, console):
+        if not force:
+            cached = cached_binaries(versions)
+            if cached is not None:
+                return cached  # built by whoever held the lock
+        return _build_locked(versions, key, console)
+
+
+def _build_locked(versions: Versions, key: str, console: Console) -> Binaries:
     target_dir = cache_root() / "controlplane" / key
     if target_dir.exists():
         console.print(f"[yellow]Cache {target_dir} is incomplete or broken: rebuilding[/]")

@@ -263,7 +263,10 @@ class DevCluster:
         state = self.load_state()
         if state is None:
             return []
-        stopped = self._stop(state, [c for c in reversed(COMPONENTS) if c in state.processes], timeout)
+        # Known components newest first, then anything else recorded (e.g. by an older gpuforge).
+        order = [c for c in reversed(COMPONENTS) if c in state.processes]
+        order += [c for c in state.processes if c not in order]
+        stopped = self._stop(state, order, timeout)
         self._save_state(state)
         return stopped
 
@@ -530,11 +533,14 @@ class DevCluster:
         if state is None:
             return []
         result = []
-        for component in COMPONENTS:
+        for component in [*COMPONENTS, *(c for c in state.processes if c not in COMPONENTS)]:
             record = state.processes.get(component)
             if record is None:
                 continue
             alive = record.alive()
+            if component not in COMPONENTS:
+                result.append(ComponentStatus(component, record.pid, alive, False, "unknown component"))
+                continue
             healthy, detail = self._healthy(component, state) if alive else (False, "not running")
             result.append(ComponentStatus(component, record.pid, alive, healthy, detail))
         return result

@@ -180,7 +180,7 @@ def gpu_labels(gpu: GpuSpec) -> dict[str, str]:
         "nvidia.com/gpu.product": gpu.product_label,
         "nvidia.com/gpu.count": str(gpu.count),
         "nvidia.com/gpu.memory": str(gpu.memory_mib),
-        "nvidia.com/gpu.family": gpu.architecture.lower(),
+        "nvidia.com/gpu.family": gpu.architecture.lower().replace(" ", "-"),
         "nvidia.com/gpu.compute.major": cc_major,
         "nvidia.com/gpu.compute.minor": cc_minor,
         "nvidia.com/gpu.machine": "SIMULATED",
