@@ -24,7 +24,7 @@ def eventually(check: Callable[[], T], timeout: float = 30.0, interval: float = 
 def plugin_daemonset(
     name: str, namespace: str, component: str, node_label: str, image: str = "registry.local/plugin:v1"
 ) -> dict[str, Any]:
-    """A DaemonSet whose pods the simulated agent takes for NVIDIA plugins, on nodes labelled node_label=name."""
+    """A DaemonSet whose pods the simulated agent takes for NVIDIA plugins, on nodes with node_label=name."""
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

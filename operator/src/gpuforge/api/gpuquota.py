@@ -1,0 +1,102 @@
+"""Typed model of the cluster-scoped GpuQuota custom resource (gpuquotas.gpuforge.io). Pure data, no I/O.
+
+A GpuQuota is a node in a tree of quotas. `spec.hard` uses ResourceQuota's keys (`requests.cpu`,
+`limits.memory`, `requests.nvidia.com/gpu`), per-model keys (`requests.nvidia.com/gpu.<model>`, which
+are also counted against the generic key), DRA keys (`<device-class>.deviceclass.resource.k8s.io/devices`)
+and budgets under `cash/` (`cash/requests.nvidia.com/gpu` is GPU-hours, `cash/requests.cpu` CPU-core-hours).
+
+A child's `hard` is carved out of its parent: the parent's `status.used` counts its children's `hard`
+plus its own workloads (`status.selfUsed`). Parsing from and to JSON lives in gpuforge.quota.convert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Final
+
+from gpuforge.constants import GROUP, VERSION
+
+KIND: Final = "GpuQuota"
+PLURAL: Final = "gpuquotas"
+SINGULAR: Final = "gpuquota"
+SHORT_NAMES: Final = ("gq",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+# Budgets: `cash/<key>` is `<key>` times hours, e.g. cash/requests.nvidia.com/gpu: 1000 is 1000 GPU-hours.
+CASH_PREFIX: Final = "cash/"
+# DRA devices of a DeviceClass, the same key ResourceQuota uses for ResourceClaims.
+DEVICE_CLASS_KEY_SUFFIX: Final = ".deviceclass.resource.k8s.io/devices"
+RESOURCE_CLAIMS_COUNT_KEY: Final = "count/resourceclaims.resource.k8s.io"
+
+# Condition types on status.conditions.
+# Set True when status.used was recomputed from the workloads that exist (False with the error if not).
+CONDITION_RECONCILED: Final = "Reconciled"
+# Set True while some `cash/` budget is spent; new workloads using that resource are denied.
+CONDITION_BUDGET_EXHAUSTED: Final = "BudgetExhausted"
+# Set True while used exceeds hard on some key (hard was lowered below usage); nothing more is admitted.
+CONDITION_OVER_QUOTA: Final = "OverQuota"
+
+# Event reasons.
+REASON_BUDGET_EXHAUSTED: Final = "BudgetExhausted"
+REASON_ADMISSION_DENIED: Final = "AdmissionDenied"
+
+ResourceList = Mapping[str, Decimal]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Usage taken by an admitted request whose object the controller has not seen yet.
+
+    Kept in status so that a recompute that races with a just-admitted create does not drop it; it
+    goes when the controller sees the object at `generation` or later (the API server had bumped the
+    generation before asking the webhook), or after a TTL (the request then failed).
+    """
+
+    uid: str  # the admission request's uid
+    workload: str  # "<Kind>/<namespace>/<name>"
+    delta: ResourceList  # what this request added to selfUsed
+    expected: ResourceList  # the workload's whole usage once the request is persisted
+    created: datetime
+    generation: int = 0  # 0: settled as soon as the object exists
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    last_transition_time: datetime
+
+
+@dataclass(frozen=True)
+class GpuQuotaStatus:
+    hard: ResourceList = field(default_factory=dict)
+    used: ResourceList = field(default_factory=dict)
+    self_used: ResourceList = field(default_factory=dict)
+    reservations: tuple[Reservation, ...] = ()
+    last_reconcile_time: datetime | None = None
+    conditions: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuQuota:
+    name: str
+    parent: str  # "" for a root
+    hard: ResourceList
+    status: GpuQuotaStatus = field(default_factory=GpuQuotaStatus)
+    resource_version: str = ""
+    uid: str = ""
+    generation: int = 0
+
+    @property
+    def is_root(self) -> bool:
+        return not self.parent
+
+
+def is_cash_key(key: str) -> bool:
+    return key.startswith(CASH_PREFIX)

@@ -1,0 +1,281 @@
+"""`gpuforge status` (per-node table of GPU stacks and upgrade states) and `gpuforge plan` (what the upgrade
+engine would do next, in order, without doing it).
+
+Both read the cluster once through gpuforge.k8s, build the planner's snapshot with
+`gpuforge.upgrade.convert`, and print. The row and step builders are pure, so they are unit-tested.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from gpuforge.constants import GFD_PRODUCT_LABEL, SIM_POOL_LABEL, STACK_LABEL
+from gpuforge.upgrade import plan as make_plan
+from gpuforge.upgrade.model import (
+    FAILURE_ANNOTATION,
+    Cordon,
+    DeletePods,
+    Desired,
+    EvictPods,
+    Mode,
+    NodeState,
+    Plan,
+    SetAnnotations,
+    SetLabels,
+    Snapshot,
+    Uncordon,
+)
+
+OUTPUTS = click.Choice(["table", "json", "yaml"])
+_STATE_STYLE = {
+    NodeState.UPGRADE_DONE: "green",
+    NodeState.UPGRADE_FAILED: "bold red",
+    NodeState.ROLLBACK_REQUIRED: "red",
+    NodeState.ROLLBACK_VALIDATION_REQUIRED: "red",
+    NodeState.ROLLED_BACK: "yellow",
+    NodeState.UPGRADE_REQUIRED: "cyan",
+}
+
+
+# --- pure row builders -----------------------------------------------------------------------------
+
+
+def _age(since: datetime | None, now: datetime) -> str:
+    if since is None:
+        return "-"
+    seconds = max(0, int((now - since).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def status_rows(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """One row per node: pool, mode, version, state, since, and why it failed."""
+    rows = []
+    for node in snapshot.nodes:
+        on = [m for m in (Mode.DEVICE_PLUGIN, Mode.DRA) if node.deploy_value(m) is not None]
+        mode = "both!" if len(on) > 1 else (on[0].value if on else "none")
+        versions = sorted({p.version for p in node.operands if not p.deleting})
+        state = node.state
+        rows.append(
+            {
+                "node": node.name,
+                "stack": node.labels.get(STACK_LABEL, ""),
+                "pool": node.labels.get(SIM_POOL_LABEL) or node.labels.get(GFD_PRODUCT_LABEL, ""),
+                "mode": mode,
+                "version": ",".join(versions) or "-",
+                "ready": all(p.ready for p in node.operands) and bool(node.operands),
+                "cordoned": node.unschedulable,
+                "state": state.value if state else "-",
+                "since": _age(node.state_since, snapshot.now),
+                "failure": node.annotations.get(FAILURE_ANNOTATION, ""),
+            }
+        )
+    return rows
+
+
+def plan_steps(result: Plan) -> list[dict[str, Any]]:
+    """The plan as ordered, printable steps."""
+    steps = []
+    for transition in result.transitions:
+        actions = []
+        for action in transition.actions:
+            if isinstance(action, Cordon):
+                actions.append("cordon")
+            elif isinstance(action, Uncordon):
+                actions.append("uncordon")
+            elif isinstance(action, SetLabels):
+                actions.extend(f"label {k}={'-' if v is None else v}" for k, v in action.values.items())
+            elif isinstance(action, SetAnnotations):
+                actions.extend(f"annotate {k}" for k in action.values)
+            elif isinstance(action, EvictPods):
+                actions.append("evict " + ", ".join(map(str, action.pods)))
+            elif isinstance(action, DeletePods):
+                actions.append("delete " + ", ".join(map(str, action.pods)))
+        steps.append(
+            {
+                "node": transition.node,
+                "from": transition.from_state.value if transition.from_state else "-",
+                "to": transition.to_state.value if transition.to_state else "(released)",
+                "actions": actions,
+                "why": transition.message,
+            }
+        )
+    return steps
+
+
+def plan_report(result: Plan) -> dict[str, Any]:
+    return {
+        "target": result.target,
+        "steps": plan_steps(result),
+        "holds": [
+            {"reason": h.reason.value, "nodes": list(h.nodes), "message": h.message} for h in result.holds
+        ],
+        "refusals": [
+            {"reason": r.reason.value, "nodes": list(r.nodes), "message": r.message} for r in result.refusals
+        ],
+        "failed": list(result.failed),
+    }
+
+
+def _emit(data: Any, output: str) -> None:
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
+
+
+# --- reading the cluster -------------------------------------------------------------------------------
+
+
+def _read(kubeconfig: str | None, stack_name: str | None) -> tuple[Snapshot, Mapping[str, Any] | None]:
+    """Snapshot of the nodes (of one GpuStack, or all GPU nodes) and the GpuStack object."""
+    from gpuforge.k8s.client import Kube
+    from gpuforge.upgrade.convert import snapshot_from_objects
+
+    kube = Kube.from_kubeconfig(kubeconfig)
+    # Kube._list is the paging reader of gpuforge.k8s (to become public; see docs/upgrades.md).
+    served = kube.served_versions()
+    stacks = list(kube._list("/apis/gpuforge.io/v1alpha1/gpustacks"))
+    stack = next((s for s in stacks if s.get("metadata", {}).get("name") == stack_name), None)
+    if stack_name and stack is None:
+        raise click.ClickException(f"GpuStack {stack_name} not found")
+    if stack is None and len(stacks) == 1:
+        stack = stacks[0]
+    nodes = list(kube._list("/api/v1/nodes"))
+    pods = list(kube._list("/api/v1/pods"))
+    slices: list[Any] = []
+    claims: list[Any] = []
+    for version in ("v1", "v1beta2", "v1beta1"):
+        if version in served:
+            slices = list(kube._list(f"/apis/resource.k8s.io/{version}/resourceslices"))
+            claims = list(kube._list(f"/apis/resource.k8s.io/{version}/resourceclaims"))
+            break
+    name = (stack or {}).get("metadata", {}).get("name")
+    selects = _selector(stack)
+    names = [
+        n["metadata"]["name"]
+        for n in nodes
+        if name is None
+        or (n.get("metadata", {}).get("labels") or {}).get(STACK_LABEL) == name
+        or selects(n.get("metadata", {}).get("labels") or {})
+    ]
+    now = datetime.now().astimezone()
+    snapshot = snapshot_from_objects(
+        nodes, pods, slices, now=now, claims=claims, served_resource_versions=served, names=names
+    )
+    if name is None:
+        gpu = [n for n in snapshot.nodes if n.operands or n.state is not None or STACK_LABEL in n.labels]
+        snapshot = Snapshot(tuple(gpu), snapshot.now, snapshot.served_resource_versions)
+    return snapshot, stack
+
+
+def _selector(stack: Mapping[str, Any] | None) -> Callable[[Mapping[str, str]], bool]:
+    """Whether the stack's spec.nodeSelector picks a node (by its labels)."""
+    if stack is None:
+        return lambda labels: False
+    from gpuforge.api.convert import ModelError, from_dict
+    from gpuforge.api.gpustack import GpuStackSpec
+    from gpuforge.render.placement import selects
+
+    try:
+        spec = from_dict(GpuStackSpec, stack.get("spec"), "spec")
+    except ModelError as error:
+        raise click.ClickException(str(error)) from None
+    return lambda labels: selects(spec.node_selector, labels)
+
+
+def desired_from_stack(stack: Mapping[str, Any], selected: Sequence[str]) -> Desired:
+    spec = stack.get("spec") or {}
+    try:
+        mode = Mode(spec.get("mode", Mode.DEVICE_PLUGIN.value))
+    except ValueError:
+        raise click.ClickException(f"spec.mode: unknown mode {spec.get('mode')!r}") from None
+    from gpuforge.api.gpustack import DEFAULT_DEVICE_PLUGIN_VERSION, DEFAULT_DRA_DRIVER_VERSION
+
+    versions = {
+        Mode.DEVICE_PLUGIN: (spec.get("devicePlugin") or {}).get("version", DEFAULT_DEVICE_PLUGIN_VERSION),
+        Mode.DRA: (spec.get("dra") or {}).get("version", DEFAULT_DRA_DRIVER_VERSION),
+    }
+    return Desired(mode, versions, frozenset(selected), stack=stack.get("metadata", {}).get("name", ""))
+
+
+# --- commands ------------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--stack", "stack_name", help="Only the nodes of this GpuStack.")
+@click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
+@click.option(
+    "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config)."
+)
+def status(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
+    """Per-node table: pool, mode, version, upgrade state and since when."""
+    snapshot, _ = _read(kubeconfig, stack_name)
+    rows = status_rows(snapshot)
+    if output != "table":
+        _emit(rows, output)
+        return
+    table = Table(title=f"GPU nodes ({len(rows)})", header_style="bold")
+    for column in ("node", "pool", "mode", "version", "state", "since", "failure"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        style = _STATE_STYLE.get(NodeState(row["state"])) if row["state"] != "-" else None
+        version = row["version"] + ("" if row["ready"] else " (not ready)")
+        node = row["node"] + (" ⛔" if row["cordoned"] else "")
+        table.add_row(
+            node,
+            row["pool"],
+            row["mode"],
+            version,
+            f"[{style}]{row['state']}[/]" if style else row["state"],
+            row["since"],
+            row["failure"],
+        )
+    Console().print(table)
+
+
+@click.command()
+@click.option("--stack", "stack_name", help="The GpuStack to plan for (default: the only one).")
+@click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
+@click.option(
+    "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config)."
+)
+def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
+    """What the upgrade engine would do next, in order, without doing it."""
+    from gpuforge.upgrade.convert import PolicyError, policy_from_spec
+
+    snapshot, stack = _read(kubeconfig, stack_name)
+    if stack is None:
+        raise click.ClickException("no GpuStack to plan for (name one with --stack)")
+    selected = [n.name for n in snapshot.nodes]
+    try:
+        policy = policy_from_spec((stack.get("spec") or {}).get("upgradePolicy"))
+    except PolicyError as error:
+        raise click.ClickException(str(error)) from None
+    result = make_plan(snapshot, desired_from_stack(stack, selected), policy)
+    report = plan_report(result)
+    if output != "table":
+        _emit(report, output)
+        return
+    console = Console()
+    console.print(f"[bold]Target[/] {report['target']}")
+    if not report["steps"]:
+        console.print("nothing to do now")
+    for index, step in enumerate(report["steps"], 1):
+        console.print(f"{index:>3}. [bold]{step['node']}[/] {step['from']} → {step['to']}: {step['why']}")
+        for action in step["actions"]:
+            console.print(f"       • {action}", highlight=False)
+    for hold in report["holds"]:
+        console.print(f"[yellow]waiting[/] {hold['reason']}: {hold['message']} ({', '.join(hold['nodes'])})")
+    for refusal in report["refusals"]:
+        console.print(f"[red]refused[/] {refusal['reason']}: {refusal['message']}")

@@ -1,0 +1,60 @@
+"""`gpuforge webhook`: run the GpuQuota admission webhook (and its usage controller)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def webhook() -> None:
+    """Run the GpuQuota admission webhook."""
+
+
+@webhook.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--port", default=8443, show_default=True, type=int, help="HTTPS port (0 picks a free one).")
+@click.option(
+    "--cert", "cert_file", type=click.Path(exists=True, path_type=Path), help="Serving certificate (PEM)."
+)
+@click.option(
+    "--key", "key_file", type=click.Path(exists=True, path_type=Path), help="Its private key (PEM)."
+)
+@click.option("--ca", "ca_file", type=click.Path(exists=True, path_type=Path), help="CA bundle to register.")
+@click.option("--kubeconfig", type=click.Path(exists=True, path_type=Path), envvar="KUBECONFIG")
+@click.option(
+    "--register/--no-register",
+    default=False,
+    help="Register ValidatingWebhookConfigurations pointing at this process (removed on exit).",
+)
+@click.option("--name", default="gpuforge-quota", show_default=True, help="Prefix of the configurations.")
+@click.option("--failure-policy", type=click.Choice(["Fail", "Ignore"]), default="Fail", show_default=True)
+@click.option("--timeout", "timeout_seconds", default=5, show_default=True, type=click.IntRange(1, 30))
+@click.option("--controller/--no-controller", default=True, help="Run the usage controller in this process.")
+@click.option("--resync", "resync_seconds", default=300.0, show_default=True, help="Full resync period (s).")
+@click.option(
+    "--accrual", "accrual_seconds", default=60.0, show_default=True, help="Budget accrual period (s)."
+)
+@click.option(
+    "--speedup",
+    default=1.0,
+    show_default=True,
+    help="Budget clock multiplier (3600: a second counts as an hour).",
+)
+@click.option("--crd", "crd_file", type=click.Path(exists=True, path_type=Path), help="Apply this CRD first.")
+@click.option("-v", "--verbose", is_flag=True)
+def run(verbose: bool, **kwargs: object) -> None:
+    """Serve the webhook over HTTPS; with --register, on loopback with a self-generated CA."""
+    from gpuforge.webhook.run import WebhookOptions, run_until_signalled
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = WebhookOptions(**kwargs)  # type: ignore[arg-type]
+    if bool(options.cert_file) != bool(options.key_file):
+        raise click.UsageError("--cert and --key go together")
+    asyncio.run(run_until_signalled(options))

@@ -1,0 +1,359 @@
+"""Kubernetes API access for the GpuQuota webhook and its usage controller (async, aiohttp).
+
+Reads GpuQuotas and workloads, replaces GpuQuota status with a resourceVersion precondition (a 409 is
+raised as `Conflict` so the caller decides again from a fresh read), lists and watches workloads,
+records Events and (for `gpuforge webhook run --register`) creates and deletes the webhook's own
+ValidatingWebhookConfigurations. Credentials come from a kubeconfig via the official client's loader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+import aiohttp
+
+from gpuforge.api.gpuquota import API_VERSION as QUOTA_API_VERSION
+from gpuforge.api.gpuquota import KIND as QUOTA_KIND
+from gpuforge.api.gpuquota import PLURAL as QUOTA_PLURAL
+from gpuforge.constants import FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class Conflict(ApiError):
+    """The object changed since it was read (HTTP 409): read again and decide again."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    prefix: str  # /api/v1 or /apis/<group>/<version>
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str = "") -> str:
+        parts = [self.prefix]
+        if self.namespaced and namespace:
+            parts.append(f"namespaces/{quote(namespace)}")
+        parts.append(self.plural)
+        if name:
+            parts.append(quote(name))
+        if subresource:
+            parts.append(subresource)
+        return "/".join(parts)
+
+
+RESOURCES: Final[dict[str, Resource]] = {
+    "Deployment": Resource("/apis/apps/v1", "deployments", True),
+    "StatefulSet": Resource("/apis/apps/v1", "statefulsets", True),
+    "ReplicaSet": Resource("/apis/apps/v1", "replicasets", True),
+    "Job": Resource("/apis/batch/v1", "jobs", True),
+    "CronJob": Resource("/apis/batch/v1", "cronjobs", True),
+    "Pod": Resource("/api/v1", "pods", True),
+    "Event": Resource("/api/v1", "events", True),
+    QUOTA_KIND: Resource(f"/apis/{QUOTA_API_VERSION}", QUOTA_PLURAL, False),
+    "ValidatingWebhookConfiguration": Resource(
+        "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    server: str
+    ssl_context: ssl.SSLContext | bool
+    headers: Mapping[str, str]
+
+
+def load_credentials(kubeconfig: Path | None = None, context: str | None = None) -> Credentials:
+    """Read a kubeconfig (or the in-cluster service account) with the official client's loader."""
+    from kubernetes import client, config  # the loader knows every kubeconfig auth flavour
+
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig) if kubeconfig else None,
+            context=context,
+            client_configuration=configuration,
+        )
+    except config.ConfigException:
+        if kubeconfig is not None:
+            raise
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    ssl_context: ssl.SSLContext | bool
+    if configuration.verify_ssl:
+        ssl_context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    else:
+        ssl_context = False
+    if configuration.cert_file and isinstance(ssl_context, ssl.SSLContext):
+        ssl_context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    headers = {}
+    token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
+    if token:
+        prefix = configuration.api_key_prefix.get("authorization", "")
+        headers["Authorization"] = token if token.startswith("Bearer") else f"{prefix or 'Bearer'} {token}"
+    return Credentials(str(configuration.host), ssl_context, headers)
+
+
+class QuotaApi:
+    """The calls the quota webhook and controller make. One aiohttp session, many concurrent requests."""
+
+    def __init__(self, credentials: Credentials, *, request_timeout: float = 10.0) -> None:
+        self._credentials = credentials
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._resource_api: str | None = None
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: Path | None = None, context: str | None = None) -> QuotaApi:
+        return cls(load_credentials(kubeconfig, context))
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._credentials.ssl_context, limit=64)
+            self._session = aiohttp.ClientSession(
+                base_url=self._credentials.server.rstrip("/") + "/",
+                connector=connector,
+                headers={**self._credentials.headers, "Accept": "application/json"},
+                timeout=self._timeout,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> QuotaApi:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any] | None:
+        """JSON result, or None on 404. Raises Conflict on 409 and ApiError on other failures."""
+        data = json.dumps(body) if body is not None else None
+        headers = {"Content-Type": content_type} if data is not None else None
+        async with self._http().request(
+            method, path.lstrip("/"), data=data, params=params, headers=headers
+        ) as response:
+            if response.status == 404:
+                return None
+            text = await response.text()
+            if response.status == 409:
+                raise Conflict(409, _message(text))
+            if response.status >= 400:
+                raise ApiError(response.status, _message(text))
+            result: dict[str, Any] = json.loads(text) if text else {}
+            return result
+
+    # --- GpuQuota ---------------------------------------------------------------------------------
+
+    async def get_quota(self, name: str) -> dict[str, Any] | None:
+        return await self._request("GET", RESOURCES[QUOTA_KIND].path(name=name))
+
+    async def list_quotas(self) -> list[dict[str, Any]]:
+        return await self.list_objects(QUOTA_KIND)
+
+    async def replace_quota_status(
+        self, name: str, resource_version: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Replace status only if the quota still has `resource_version`; Conflict otherwise."""
+        if not resource_version:
+            raise ValueError("a status write needs the resourceVersion it was decided on")
+        body = {
+            "apiVersion": QUOTA_API_VERSION,
+            "kind": QUOTA_KIND,
+            "metadata": {"name": name, "resourceVersion": resource_version},
+            "status": dict(status),
+        }
+        # PUT with metadata.resourceVersion is a compare-and-swap: 409 if the quota moved since the read.
+        # (A replace, not a merge patch, so keys dropped from hard also leave used.)
+        result = await self._request(
+            "PUT",
+            RESOURCES[QUOTA_KIND].path(name=name, subresource="status"),
+            body=body,
+            params={"fieldManager": FIELD_MANAGER},
+        )
+        if result is None:
+            raise ApiError(404, f"GpuQuota {name!r} is gone")
+        return result
+
+    async def create_quota(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        result = await self._request("POST", RESOURCES[QUOTA_KIND].path(), body=obj)
+        assert result is not None
+        return result
+
+    async def delete_quota(self, name: str) -> None:
+        await self._request("DELETE", RESOURCES[QUOTA_KIND].path(name=name))
+
+    # --- Workloads and claims -----------------------------------------------------------------------
+
+    async def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._request("GET", RESOURCES[kind].path(namespace, name))
+
+    async def list_objects(
+        self, kind: str, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        items, _ = await self.list_with_version(kind, namespace, label_selector)
+        return items
+
+    async def list_with_version(
+        self, kind: str, namespace: str | None = None, label_selector: str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        result = await self._request("GET", RESOURCES[kind].path(namespace), params=params)
+        if result is None:
+            return [], ""
+        items: list[dict[str, Any]] = result.get("items") or []
+        for item in items:  # lists omit kind on items
+            item.setdefault("kind", kind)
+        return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def _resource_api_prefix(self) -> str:
+        """resource.k8s.io in the newest version this API server serves (v1 from 1.34, betas before)."""
+        if self._resource_api is None:
+            group = await self._request("GET", "/apis/resource.k8s.io")
+            version = ((group or {}).get("preferredVersion") or {}).get("groupVersion", "resource.k8s.io/v1")
+            self._resource_api = f"/apis/{version}"
+        return self._resource_api
+
+    async def list_claims(self, namespace: str, plural: str) -> list[dict[str, Any]]:
+        """`resourceclaimtemplates` or `resourceclaims` of a namespace."""
+        prefix = await self._resource_api_prefix()
+        result = await self._request("GET", Resource(prefix, plural, True).path(namespace))
+        return list((result or {}).get("items") or [])
+
+    async def get_claim(self, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+        prefix = await self._resource_api_prefix()
+        return await self._request("GET", Resource(prefix, plural, True).path(namespace, name))
+
+    async def watch(
+        self, kind: str, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Watch events ({type, object}) from `resource_version` until the server ends the stream."""
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
+        async with self._http().get(
+            RESOURCES[kind].path().lstrip("/"), params=params, timeout=timeout
+        ) as response:
+            if response.status >= 400:
+                raise ApiError(response.status, _message(await response.text()))
+            async for line in response.content:
+                if line.strip():
+                    yield json.loads(line)
+
+    # --- Events -----------------------------------------------------------------------------------
+
+    async def record_event(
+        self,
+        *,
+        quota_name: str,
+        quota_uid: str,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+        namespace: str = "default",
+    ) -> None:
+        """A core/v1 Event about a (cluster-scoped) GpuQuota; failures are logged, never raised."""
+        now = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{quota_name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": QUOTA_API_VERSION,
+                "kind": QUOTA_KIND,
+                "name": quota_name,
+                "uid": quota_uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "gpuforge-quota"},
+            "reportingComponent": "gpuforge.io/quota",
+            "reportingInstance": "gpuforge-quota",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "eventTime": now,
+            "action": "Admit",
+            "count": 1,
+        }
+        try:
+            await self._request("POST", RESOURCES["Event"].path(namespace), body=body)
+        except (TimeoutError, ApiError, aiohttp.ClientError) as error:
+            log.warning("could not record event %s on GpuQuota %s: %s", reason, quota_name, error)
+
+    # --- Webhook configurations (for `webhook run --register`) ------------------------------------------
+
+    async def apply_webhook_configuration(self, obj: Mapping[str, Any]) -> None:
+        resource = RESOURCES["ValidatingWebhookConfiguration"]
+        name = obj["metadata"]["name"]
+        await self._request(
+            "PATCH",
+            resource.path(name=name),
+            body=obj,
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def apply_object(self, collection_path: str, name: str, obj: Mapping[str, Any]) -> None:
+        """Server-side apply of a cluster-scoped object (the CRD, for tests and the demo)."""
+        await self._request(
+            "PATCH",
+            f"{collection_path}/{quote(name)}",
+            body=obj,
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def wait_crd_established(self, name: str, timeout: float = 30.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            crd = await self._request(
+                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            )
+            conditions = ((crd or {}).get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                return
+            await asyncio.sleep(0.2)
+        raise ApiError(504, f"CRD {name} not established after {timeout}s")
+
+    async def delete_webhook_configuration(self, name: str) -> None:
+        await self._request("DELETE", RESOURCES["ValidatingWebhookConfiguration"].path(name=name))
+
+
+def _message(text: str) -> str:
+    try:
+        return str(json.loads(text).get("message", text))
+    except (ValueError, AttributeError):
+        return text[:500]

@@ -1,0 +1,276 @@
+"""Admission decisions for workloads and for the quota tree: Allowed(new status) or Denied(message).
+Stateless and deterministic: every decision comes from its inputs. No I/O.
+
+The carve-out rule makes one write enough: a child's `hard` is already counted in its parent's `used`,
+so admitting a workload only touches the quota it names, and creating a child only its parent. Whoever
+writes the returned status must do so with the quota's resourceVersion as a precondition and decide
+again from a fresh read on conflict; then no two requests can both take the last GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from decimal import Decimal
+
+from gpuforge.api.gpuquota import (
+    CASH_PREFIX,
+    KIND,
+    GpuQuota,
+    GpuQuotaStatus,
+    Reservation,
+    ResourceList,
+    is_cash_key,
+)
+from gpuforge.quota.quantity import format_quantity
+from gpuforge.quota.usage import add, restrict
+
+ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The request may proceed; write `status` to `quota` first (None: nothing to write)."""
+
+    quota: str = ""
+    status: GpuQuotaStatus | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Denied:
+    message: str
+    quota: str = ""
+    key: str = ""
+    asked: Decimal | None = None
+    left: Decimal | None = None
+    reason: str = "Forbidden"  # "Forbidden" (quota), "Invalid" (bad object), "NotFound" (no such quota)
+    code: int = 403
+
+
+Decision = Allowed | Denied
+
+
+@dataclass(frozen=True)
+class WorkloadAsk:
+    """One admission request for a workload: what it adds and what the workload then holds in total."""
+
+    uid: str
+    workload: str  # "<Kind>/<namespace>/<name>"
+    delta: ResourceList
+    expected: ResourceList
+    generation: int = 0  # metadata.generation the object has once this request is persisted
+
+
+def quota_ref(name: str) -> str:
+    return f"{KIND}//{name}"
+
+
+def _amount(values: Mapping[str, Decimal], key: str) -> Decimal:
+    return values.get(key, ZERO)
+
+
+def _shortfall(quota: GpuQuota, key: str, asked: Decimal, what: str) -> Denied | None:
+    hard = quota.hard[key]
+    used = _amount(quota.status.used, key)
+    left = hard - used
+    if asked <= left:
+        return None
+    shown_left = max(left, ZERO)
+    return Denied(
+        message=(
+            f'GpuQuota "{quota.name}": {what} asks {key}={format_quantity(asked)} but only '
+            f"{format_quantity(shown_left)} is left ({format_quantity(used)} of {format_quantity(hard)} used)"
+        ),
+        quota=quota.name,
+        key=key,
+        asked=asked,
+        left=shown_left,
+    )
+
+
+def _with_reservation(
+    quota: GpuQuota, charged: ResourceList, reservation: Reservation, *, self_usage: bool
+) -> GpuQuotaStatus:
+    used = dict(quota.status.used)
+    add(used, charged)
+    self_used = dict(quota.status.self_used)
+    if self_usage:
+        add(self_used, charged)
+    return replace(
+        quota.status,
+        hard=dict(quota.hard),
+        used=used,
+        self_used=self_used,
+        reservations=(*quota.status.reservations, reservation),
+    )
+
+
+def spent_budgets(quota: GpuQuota) -> list[str]:
+    """The `cash/` keys whose budget is used up."""
+    return sorted(
+        key
+        for key, hard in quota.hard.items()
+        if is_cash_key(key) and _amount(quota.status.used, key) >= hard
+    )
+
+
+def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision:
+    """Charge `ask.delta` to `quota` if every key it touches has room and no budget it needs is spent."""
+    kind = ask.workload.split("/", 1)[0]
+    what = f"{kind} {ask.workload.split('/', 1)[-1]}"
+    for key in spent_budgets(quota):
+        resource = key.removeprefix(CASH_PREFIX)
+        if _amount(ask.delta, resource) > 0:
+            return Denied(
+                message=(
+                    f'GpuQuota "{quota.name}": budget {key} is spent '
+                    f"({format_quantity(_amount(quota.status.used, key))} of "
+                    f"{format_quantity(quota.hard[key])} hours used); {what} asks "
+                    f"{resource}={format_quantity(ask.delta[resource])}"
+                ),
+                quota=quota.name,
+                key=key,
+                asked=ask.delta[resource],
+                left=ZERO,
+            )
+    counted = [key for key in quota.hard if not is_cash_key(key)]
+    charged = {key: amount for key, amount in restrict(ask.delta, counted).items() if amount > 0}
+    for key in sorted(charged):
+        denied = _shortfall(quota, key, charged[key], what)
+        if denied is not None:
+            return denied
+    if not charged:
+        return Allowed(quota=quota.name)
+    reservation = Reservation(
+        uid=ask.uid,
+        workload=ask.workload,
+        delta=charged,
+        expected=restrict(ask.expected, counted),
+        created=now,
+        generation=ask.generation,
+    )
+    return Allowed(
+        quota=quota.name,
+        status=_with_reservation(quota, charged, reservation, self_usage=True),
+        message=f'charged to GpuQuota "{quota.name}"',
+    )
+
+
+def admit_many(
+    quota: GpuQuota, asks: Sequence[WorkloadAsk], now: datetime
+) -> tuple[GpuQuota, list[Decision]]:
+    """Decide several asks in order against one read of the quota (batched admission)."""
+    decisions: list[Decision] = []
+    for ask in asks:
+        decision = admit_workload(quota, ask, now)
+        if isinstance(decision, Allowed) and decision.status is not None:
+            quota = replace(quota, status=decision.status)
+        decisions.append(decision)
+    return quota, decisions
+
+
+# --- Tree rules -------------------------------------------------------------------------------------
+
+
+def _missing_parent_keys(child: GpuQuota, parent: GpuQuota) -> Denied | None:
+    missing = sorted(set(parent.hard) - set(child.hard))
+    if not missing:
+        return None
+    return Denied(
+        message=(
+            f'GpuQuota "{child.name}" must hold every key of its parent "{parent.name}"; '
+            f"missing: {', '.join(missing)}"
+        ),
+        quota=child.name,
+        key=missing[0],
+        reason="Invalid",
+        code=422,
+    )
+
+
+def _carve(child: GpuQuota, parent: GpuQuota, grown: ResourceList, uid: str, now: datetime) -> Decision:
+    carved = {key: amount for key, amount in restrict(grown, parent.hard).items() if amount > 0}
+    for key in sorted(carved):
+        denied = _shortfall(parent, key, carved[key], f'child GpuQuota "{child.name}"')
+        if denied is not None:
+            return denied
+    if not carved:
+        return Allowed(quota=parent.name)
+    reservation = Reservation(
+        uid=uid,
+        workload=quota_ref(child.name),
+        delta=carved,
+        expected=restrict(child.hard, parent.hard),
+        created=now,
+        generation=child.generation,
+    )
+    return Allowed(
+        quota=parent.name,
+        status=_with_reservation(parent, carved, reservation, self_usage=False),
+        message=f'carved from GpuQuota "{parent.name}"',
+    )
+
+
+def _no_such_parent(child: GpuQuota) -> Denied:
+    return Denied(
+        message=f'GpuQuota "{child.name}": parent GpuQuota "{child.parent}" does not exist',
+        quota=child.name,
+        reason="NotFound",
+        code=404,
+    )
+
+
+def admit_quota_create(child: GpuQuota, parent: GpuQuota | None, uid: str, now: datetime) -> Decision:
+    """A new quota: a root is always fine; a child needs its parent, all its keys, and room in it."""
+    if not child.parent:
+        return Allowed(quota=child.name)
+    if child.parent == child.name:
+        return Denied(
+            f'GpuQuota "{child.name}" cannot be its own parent', child.name, reason="Invalid", code=422
+        )
+    if parent is None:
+        return _no_such_parent(child)
+    return _missing_parent_keys(child, parent) or _carve(child, parent, child.hard, uid, now)
+
+
+def admit_quota_update(
+    old: GpuQuota, new: GpuQuota, parent: GpuQuota | None, uid: str, now: datetime
+) -> Decision:
+    """A changed quota: parent fixed; raising `hard` is carved from the parent, lowering always allowed."""
+    if old.parent != new.parent:
+        return Denied(
+            message=(
+                f'GpuQuota "{new.name}": spec.parent is immutable (was "{old.parent}", now "{new.parent}"); '
+                "delete and recreate the quota to move it"
+            ),
+            quota=new.name,
+            key="spec.parent",
+            reason="Invalid",
+            code=422,
+        )
+    if not new.parent:
+        return Allowed(quota=new.name)
+    if parent is None:
+        return _no_such_parent(new)
+    grown = {
+        key: amount - old.hard.get(key, ZERO)
+        for key, amount in new.hard.items()
+        if amount > old.hard.get(key, ZERO)
+    }
+    return _missing_parent_keys(new, parent) or _carve(new, parent, grown, uid, now)
+
+
+def admit_quota_delete(quota: GpuQuota, children: Iterable[str]) -> Decision:
+    """Only leaves go: deleting an inner quota would orphan a subtree."""
+    names = sorted(children)
+    if names:
+        return Denied(
+            message=(
+                f'GpuQuota "{quota.name}" has children ({", ".join(names)}); only leaves can be deleted'
+            ),
+            quota=quota.name,
+            reason="Forbidden",
+        )
+    return Allowed(quota=quota.name)

@@ -1,0 +1,189 @@
+"""GpuQuota objects (JSON as the API server sends them) to typed models and back. No I/O.
+
+Every error names the field it came from, so an admission denial or a status condition can say
+exactly what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from gpuforge.api.gpuquota import (
+    API_VERSION,
+    KIND,
+    Condition,
+    GpuQuota,
+    GpuQuotaStatus,
+    Reservation,
+    ResourceList,
+)
+from gpuforge.quota.quantity import (
+    QuantityError,
+    format_resource_list,
+    parse_resource_list,
+)
+
+
+class QuotaSpecError(ValueError):
+    """A GpuQuota whose spec or status cannot be read; the message names the field."""
+
+
+def parse_time(value: object, field: str) -> datetime:
+    if not isinstance(value, str):
+        raise QuotaSpecError(f"{field}: expected an RFC 3339 time, got {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as error:
+        raise QuotaSpecError(f"{field}: expected an RFC 3339 time, got {value!r}") from error
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _mapping(value: object, field: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise QuotaSpecError(f"{field}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _resources(value: object, field: str, *, allow_negative: bool = False) -> dict[str, Decimal]:
+    try:
+        parsed = parse_resource_list(_mapping(value, field), field)
+    except QuantityError as error:
+        raise QuotaSpecError(str(error)) from error
+    if not allow_negative:
+        for key, amount in parsed.items():
+            if amount < 0:
+                raise QuotaSpecError(f"{field}.{key}: must not be negative, got {amount}")
+    return parsed
+
+
+def _integer(value: object, field: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise QuotaSpecError(f"{field}: expected an integer, got {value!r}")
+    return value
+
+
+def quota_from_object(obj: Mapping[str, Any]) -> GpuQuota:
+    """Read a GpuQuota object; raise QuotaSpecError naming the bad field."""
+    metadata = _mapping(obj.get("metadata"), "metadata")
+    spec = _mapping(obj.get("spec"), "spec")
+    parent = spec.get("parent") or ""
+    if not isinstance(parent, str):
+        raise QuotaSpecError(f"spec.parent: expected a string, got {parent!r}")
+    status = _mapping(obj.get("status"), "status")
+    return GpuQuota(
+        name=str(metadata.get("name", "")),
+        parent=parent,
+        hard=_resources(spec.get("hard"), "spec.hard"),
+        status=_status_from_object(status),
+        resource_version=str(metadata.get("resourceVersion", "")),
+        uid=str(metadata.get("uid", "")),
+        generation=_integer(metadata.get("generation"), "metadata.generation"),
+    )
+
+
+def _status_from_object(status: Mapping[str, Any]) -> GpuQuotaStatus:
+    reservations = []
+    raw_reservations = status.get("reservations") or []
+    if not isinstance(raw_reservations, Sequence):
+        raise QuotaSpecError("status.reservations: expected a list")
+    for index, raw in enumerate(raw_reservations):
+        item = _mapping(raw, f"status.reservations[{index}]")
+        reservations.append(
+            Reservation(
+                uid=str(item.get("uid", "")),
+                workload=str(item.get("workload", "")),
+                delta=_resources(item.get("delta"), f"status.reservations[{index}].delta"),
+                expected=_resources(item.get("expected"), f"status.reservations[{index}].expected"),
+                created=parse_time(item.get("created"), f"status.reservations[{index}].created"),
+                generation=_integer(item.get("generation"), f"status.reservations[{index}].generation"),
+            )
+        )
+    conditions = []
+    for index, raw in enumerate(status.get("conditions") or []):
+        item = _mapping(raw, f"status.conditions[{index}]")
+        conditions.append(
+            Condition(
+                type=str(item.get("type", "")),
+                status=str(item.get("status", "Unknown")),
+                reason=str(item.get("reason", "")),
+                message=str(item.get("message", "")),
+                last_transition_time=parse_time(
+                    item.get("lastTransitionTime", "1970-01-01T00:00:00Z"),
+                    f"status.conditions[{index}].lastTransitionTime",
+                ),
+            )
+        )
+    last = status.get("lastReconcileTime")
+    return GpuQuotaStatus(
+        hard=_resources(status.get("hard"), "status.hard"),
+        used=_resources(status.get("used"), "status.used", allow_negative=True),
+        self_used=_resources(status.get("selfUsed"), "status.selfUsed", allow_negative=True),
+        reservations=tuple(reservations),
+        last_reconcile_time=parse_time(last, "status.lastReconcileTime") if last else None,
+        conditions=tuple(conditions),
+    )
+
+
+def status_to_object(status: GpuQuotaStatus) -> dict[str, Any]:
+    """The JSON of a status, for a status replace."""
+    result: dict[str, Any] = {
+        "hard": format_resource_list(status.hard),
+        "used": format_resource_list(status.used),
+        "selfUsed": format_resource_list(status.self_used),
+    }
+    if status.reservations:
+        result["reservations"] = [
+            {
+                "uid": item.uid,
+                "workload": item.workload,
+                "delta": format_resource_list(item.delta),
+                "expected": format_resource_list(item.expected),
+                "created": format_time(item.created),
+                "generation": item.generation,
+            }
+            for item in status.reservations
+        ]
+    if status.last_reconcile_time is not None:
+        result["lastReconcileTime"] = format_time(status.last_reconcile_time)
+    if status.conditions:
+        result["conditions"] = [
+            {
+                "type": item.type,
+                "status": item.status,
+                "reason": item.reason,
+                "message": item.message,
+                "lastTransitionTime": format_time(item.last_transition_time),
+            }
+            for item in status.conditions
+        ]
+    return result
+
+
+def quota_to_object(quota: GpuQuota) -> dict[str, Any]:
+    """A whole object (tests, examples, `quota tree --output yaml`)."""
+    metadata: dict[str, Any] = {"name": quota.name}
+    if quota.resource_version:
+        metadata["resourceVersion"] = quota.resource_version
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {"parent": quota.parent, "hard": format_resource_list(quota.hard)},
+        "status": status_to_object(quota.status),
+    }
+
+
+def usage_summary(values: ResourceList) -> str:
+    """`requests.nvidia.com/gpu=16, requests.cpu=500m`: for messages and printer columns."""
+    return ", ".join(f"{key}={amount}" for key, amount in format_resource_list(values).items())

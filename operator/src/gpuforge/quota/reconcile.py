@@ -1,0 +1,222 @@
+"""Recompute a GpuQuota's status from what exists, and accrue `cash/` budgets from pod run time. No I/O.
+
+The controller calls `recompute_status` on events and on a periodic full resync. `used` is rebuilt from
+scratch (existing workloads, existing children, and reservations of admitted requests not seen yet), so
+usage reserved by a request that then failed is released once its reservation expires. Budgets are the
+one thing carried forward: `cash/` usage only grows, by the run time of pods since the last reconcile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from gpuforge.api.gpuquota import (
+    CASH_PREFIX,
+    CONDITION_BUDGET_EXHAUSTED,
+    CONDITION_OVER_QUOTA,
+    CONDITION_RECONCILED,
+    KIND,
+    Condition,
+    GpuQuota,
+    GpuQuotaStatus,
+    Reservation,
+    ResourceList,
+    is_cash_key,
+)
+from gpuforge.quota.admission import spent_budgets
+from gpuforge.quota.quantity import format_quantity
+from gpuforge.quota.usage import WorkloadUsage, add, restrict
+
+ZERO = Decimal(0)
+# Budgets are kept to a millionth of an hour (3.6 ms of one GPU): exact enough, and short in status.
+CASH_RESOLUTION = Decimal("0.000001")
+# A reservation whose object has not appeared after this long belongs to a request that failed.
+DEFAULT_RESERVATION_TTL = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class PodRun:
+    """A pod holding resources between `started` and `finished` (None: still running)."""
+
+    usage: ResourceList
+    started: datetime | None
+    finished: datetime | None = None
+
+
+def accrue(
+    runs: Iterable[PodRun], since: datetime, until: datetime, speedup: float = 1.0
+) -> dict[str, Decimal]:
+    """`cash/<key>` used in [since, until): each pod's `<key>` times the hours it ran in that window.
+
+    `speedup` scales wall time (a test can make one second count as an hour).
+    """
+    total: dict[str, Decimal] = {}
+    for run in runs:
+        if run.started is None:
+            continue
+        start = max(run.started, since)
+        end = min(run.finished or until, until)
+        if end <= start:
+            continue
+        hours = Decimal(str((end - start).total_seconds() * speedup / 3600))
+        for key, amount in run.usage.items():
+            if not is_cash_key(key):
+                total[f"{CASH_PREFIX}{key}"] = total.get(f"{CASH_PREFIX}{key}", ZERO) + amount * hours
+    return {key: amount.quantize(CASH_RESOLUTION) for key, amount in total.items()}
+
+
+def _time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def pod_run_window(pod: Mapping[str, Any]) -> tuple[datetime | None, datetime | None]:
+    """When a pod started to hold its node's resources and when it let go (None: not yet)."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if not spec.get("nodeName"):
+        return None, None
+    conditions = {c.get("type"): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
+    started = (
+        _time(status.get("startTime"))
+        or _time((conditions.get("PodScheduled") or {}).get("lastTransitionTime"))
+        or _time((pod.get("metadata") or {}).get("creationTimestamp"))
+    )
+    finished = None
+    if status.get("phase") in ("Succeeded", "Failed"):
+        ends = [
+            _time(((item.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            for item in status.get("containerStatuses") or ()
+            if isinstance(item, Mapping)
+        ]
+        known = [end for end in ends if end is not None]
+        finished = max(known) if known else _time((conditions.get("Ready") or {}).get("lastTransitionTime"))
+        finished = finished or started
+    return started, finished
+
+
+def _settled(reservation: Reservation, existing: Mapping[str, int]) -> bool:
+    """The object exists at the generation the request produced (or later): its usage is counted."""
+    generation = existing.get(reservation.workload)
+    return generation is not None and generation >= reservation.generation
+
+
+def set_condition(
+    conditions: Sequence[Condition], type_: str, status: bool, reason: str, message: str, now: datetime
+) -> tuple[Condition, ...]:
+    """Replace condition `type_`, keeping its transition time when its status did not change."""
+    text = "True" if status else "False"
+    kept = [c for c in conditions if c.type != type_]
+    previous = next((c for c in conditions if c.type == type_), None)
+    since = previous.last_transition_time if previous is not None and previous.status == text else now
+    return (*kept, Condition(type_, text, reason, message, since))
+
+
+def recompute_status(
+    quota: GpuQuota,
+    children: Sequence[GpuQuota],
+    workloads: Sequence[WorkloadUsage],
+    accrued: ResourceList,
+    now: datetime,
+    reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
+    deleted: Mapping[str, int] | None = None,
+) -> GpuQuotaStatus:
+    """A fresh status for `quota`: usage of `workloads` (those charged to it) and `children`'s hard,
+    pending reservations, budgets carried forward plus `accrued`.
+
+    `deleted` maps objects seen deleted (by ref) to their last generation: a reservation for an object
+    that was created and deleted before any recompute saw it is settled too."""
+    counted = [key for key in quota.hard if not is_cash_key(key)]
+    existing: dict[str, int] = dict(deleted or {})
+    existing.update({item.ref: item.generation for item in workloads})
+    for child in children:
+        existing[f"{KIND}//{child.name}"] = child.generation
+    pending = tuple(
+        item
+        for item in quota.status.reservations
+        if now - item.created < reservation_ttl and not _settled(item, existing)
+    )
+    self_used: dict[str, Decimal] = {key: ZERO for key in counted}
+    for item in workloads:
+        add(self_used, restrict(item.usage, counted))
+    used = dict(self_used)
+    for child in children:
+        add(used, restrict(child.hard, quota.hard))
+    for reservation in pending:
+        add(used, reservation.delta)
+        if not reservation.workload.startswith(f"{KIND}//"):
+            add(self_used, reservation.delta)
+    for key in (key for key in quota.hard if is_cash_key(key)):
+        spent = quota.status.self_used.get(key, ZERO) + accrued.get(key, ZERO)
+        self_used[key] = spent
+        used[key] = spent + sum((child.hard.get(key, ZERO) for child in children), ZERO)
+    status = replace(
+        quota.status,
+        hard=dict(quota.hard),
+        used=used,
+        self_used=self_used,
+        reservations=pending,
+        last_reconcile_time=now,
+    )
+    return with_conditions(replace(quota, status=status), now).status
+
+
+def with_conditions(quota: GpuQuota, now: datetime) -> GpuQuota:
+    """Set Reconciled, OverQuota and BudgetExhausted from the quota's status."""
+    status = quota.status
+    conditions = set_condition(status.conditions, CONDITION_RECONCILED, True, "Recomputed", "", now)
+    over = sorted(
+        key for key, hard in quota.hard.items() if not is_cash_key(key) and status.used.get(key, ZERO) > hard
+    )
+    conditions = set_condition(
+        conditions,
+        CONDITION_OVER_QUOTA,
+        bool(over),
+        "UsedAboveHard" if over else "WithinHard",
+        "; ".join(
+            f"{key}: {format_quantity(status.used[key])} used of {format_quantity(quota.hard[key])}"
+            for key in over
+        ),
+        now,
+    )
+    spent = spent_budgets(quota)
+    conditions = set_condition(
+        conditions,
+        CONDITION_BUDGET_EXHAUSTED,
+        bool(spent),
+        "BudgetSpent" if spent else "BudgetLeft",
+        ("new workloads using these are denied: " + ", ".join(spent)) if spent else "",
+        now,
+    )
+    return replace(quota, status=replace(status, conditions=conditions))
+
+
+def children_of(quotas: Iterable[GpuQuota]) -> dict[str, list[GpuQuota]]:
+    result: dict[str, list[GpuQuota]] = {}
+    for quota in quotas:
+        if quota.parent:
+            result.setdefault(quota.parent, []).append(quota)
+    return result
+
+
+def status_differs(old: GpuQuotaStatus, new: GpuQuotaStatus) -> bool:
+    """Worth a write? Ignores the reconcile time and unchanged conditions' timestamps."""
+
+    def key(status: GpuQuotaStatus) -> tuple[object, ...]:
+        return (
+            dict(status.hard),
+            {k: v for k, v in status.used.items() if v},
+            {k: v for k, v in status.self_used.items() if v},
+            status.reservations,
+            tuple(sorted((c.type, c.status, c.reason, c.message) for c in status.conditions)),
+        )
+
+    return key(old) != key(new)

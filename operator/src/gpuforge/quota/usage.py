@@ -1,0 +1,371 @@
+"""What a workload takes from a quota: replicas (or parallelism) times its pod template. No I/O.
+
+Counting follows ResourceQuota where it has a rule: a pod's requests are the larger of its regular
+containers plus sidecars and its heaviest init step, plus pod overhead; a container's requests default
+to its limits; `cpu`/`memory`/`ephemeral-storage` are aliases of their `requests.` keys; a DRA request
+counts `count` devices (ExactCount) or 32 (All), and for `firstAvailable` the largest alternative per
+device class. gpuforge adds per-model keys (`requests.nvidia.com/gpu.<model>` from the
+`gpuforge.io/gpu-model` label, charged on top of the generic key) and whole-workload counting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Final
+
+from gpuforge.api.gpuquota import DEVICE_CLASS_KEY_SUFFIX, RESOURCE_CLAIMS_COUNT_KEY, ResourceList
+from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL
+from gpuforge.quota.quantity import QuantityError, parse_quantity
+
+# What ResourceQuota charges for a DRA request with allocationMode All (AllocationResultsMaxSize).
+ALL_DEVICES_COUNT: Final = 32
+# Aliases ResourceQuota accepts for the requests of these resources.
+_BARE_ALIASES: Final = frozenset({"cpu", "memory", "ephemeral-storage"})
+# Kinds whose objects are charged as a whole; an object controlled by one of them is charged to it.
+WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "CronJob", "Pod")
+_CONTROLLER_KINDS: Final = frozenset(WORKLOAD_KINDS) - {"Pod"}
+
+
+class WorkloadError(ValueError):
+    """A workload whose usage cannot be computed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ClaimRefs:
+    """ResourceClaimTemplates and ResourceClaims a pod template refers to (by name, same namespace)."""
+
+    templates: frozenset[str] = frozenset()
+    claims: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class WorkloadUsage:
+    kind: str
+    namespace: str
+    name: str
+    quota: str  # the gpuforge.io/quota label, "" when absent
+    replicas: int
+    usage: ResourceList = field(default_factory=dict)
+    generation: int = 0
+
+    @property
+    def ref(self) -> str:
+        return workload_ref(self.kind, self.namespace, self.name)
+
+
+def workload_ref(kind: str, namespace: str, name: str) -> str:
+    return f"{kind}/{namespace}/{name}"
+
+
+def add(total: dict[str, Decimal], extra: Mapping[str, Decimal], times: Decimal | int = 1) -> None:
+    for key, amount in extra.items():
+        total[key] = total.get(key, Decimal(0)) + amount * times
+
+
+def _maximum(total: dict[str, Decimal], other: Mapping[str, Decimal]) -> None:
+    for key, amount in other.items():
+        if amount > total.get(key, Decimal(0)):
+            total[key] = amount
+
+
+def _get(obj: Mapping[str, Any], path: str) -> Any:
+    current: Any = obj
+    for part in path.split("."):
+        if not isinstance(current, Mapping):
+            return None
+        current = current.get(part)
+    return current
+
+
+def _list(value: object, field: str) -> Sequence[Mapping[str, Any]]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise WorkloadError(f"{field}: expected a list of objects")
+    return value
+
+
+def _quantities(values: object, field: str) -> dict[str, Decimal]:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise WorkloadError(f"{field}: expected a map of quantities")
+    try:
+        return {str(key): parse_quantity(raw, f"{field}.{key}") for key, raw in values.items()}
+    except QuantityError as error:
+        raise WorkloadError(str(error)) from error
+
+
+def _container(container: Mapping[str, Any], field: str) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise WorkloadError(f"{field}.resources: expected an object")
+    limits = _quantities(resources.get("limits"), f"{field}.resources.limits")
+    requests = _quantities(resources.get("requests"), f"{field}.resources.requests")
+    for key, amount in limits.items():
+        requests.setdefault(key, amount)  # the API server defaults requests to limits
+    return requests, limits
+
+
+def _pod_resources(spec: Mapping[str, Any], field: str, which: int) -> dict[str, Decimal]:
+    """Requests (which=0) or limits (which=1) of a pod, the way the scheduler and ResourceQuota sum them."""
+    total: dict[str, Decimal] = {}
+    for index, container in enumerate(_list(spec.get("containers"), f"{field}.containers")):
+        add(total, _container(container, f"{field}.containers[{index}]")[which])
+    init_peak: dict[str, Decimal] = {}
+    sidecars: dict[str, Decimal] = {}
+    for index, container in enumerate(_list(spec.get("initContainers"), f"{field}.initContainers")):
+        amounts = _container(container, f"{field}.initContainers[{index}]")[which]
+        if container.get("restartPolicy") == "Always":  # a sidecar keeps running next to the app
+            add(total, amounts)
+            add(sidecars, amounts)
+            _maximum(init_peak, sidecars)
+        else:
+            step = dict(amounts)
+            add(step, sidecars)
+            _maximum(init_peak, step)
+    _maximum(total, init_peak)
+    pod_level = spec.get("resources")  # PodLevelResources: they bound cpu and memory for the pod
+    if isinstance(pod_level, Mapping):
+        requests, limits = _container({"resources": pod_level}, field)
+        for key, amount in (requests if which == 0 else limits).items():
+            if key in ("cpu", "memory"):
+                total[key] = amount
+    add(total, _quantities(spec.get("overhead"), f"{field}.overhead"))
+    return total
+
+
+def claim_refs(pod_spec: Mapping[str, Any]) -> ClaimRefs:
+    templates, claims = set(), set()
+    for item in pod_spec.get("resourceClaims") or ():
+        if isinstance(item, Mapping):
+            if item.get("resourceClaimTemplateName"):
+                templates.add(str(item["resourceClaimTemplateName"]))
+            elif item.get("resourceClaimName"):
+                claims.add(str(item["resourceClaimName"]))
+    return ClaimRefs(frozenset(templates), frozenset(claims))
+
+
+def device_class_key(device_class: str) -> str:
+    return f"{device_class}{DEVICE_CLASS_KEY_SUFFIX}"
+
+
+def _request_devices(request: Mapping[str, Any], field: str) -> tuple[str, int]:
+    device_class = request.get("deviceClassName")
+    if not isinstance(device_class, str) or not device_class:
+        raise WorkloadError(f"{field}.deviceClassName: missing")
+    mode = request.get("allocationMode") or "ExactCount"
+    if mode == "All":
+        return device_class, ALL_DEVICES_COUNT
+    if mode != "ExactCount":
+        raise WorkloadError(f"{field}.allocationMode: unknown mode {mode!r}")
+    count = request.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise WorkloadError(f"{field}.count: expected a positive integer, got {count!r}")
+    return device_class, count
+
+
+def claim_usage(claim_spec: Mapping[str, Any], field: str = "spec") -> dict[str, Decimal]:
+    """Devices per class of one ResourceClaim spec (resource.k8s.io v1, v1beta2 or v1beta1 shape)."""
+    devices = claim_spec.get("devices") or {}
+    if not isinstance(devices, Mapping):
+        raise WorkloadError(f"{field}.devices: expected an object")
+    usage: dict[str, Decimal] = {RESOURCE_CLAIMS_COUNT_KEY: Decimal(1)}
+    for index, request in enumerate(_list(devices.get("requests"), f"{field}.devices.requests")):
+        where = f"{field}.devices.requests[{index}]"
+        alternatives = request.get("firstAvailable")
+        if alternatives:  # charge the largest alternative per device class
+            largest: dict[str, Decimal] = {}
+            for sub_index, sub in enumerate(_list(alternatives, f"{where}.firstAvailable")):
+                device_class, count = _request_devices(sub, f"{where}.firstAvailable[{sub_index}]")
+                _maximum(largest, {device_class_key(device_class): Decimal(count)})
+            add(usage, largest)
+            continue
+        exactly = request.get("exactly")
+        if exactly is not None:  # v1 / v1beta2
+            if not isinstance(exactly, Mapping):
+                raise WorkloadError(f"{where}.exactly: expected an object")
+            device_class, count = _request_devices(exactly, f"{where}.exactly")
+        else:  # v1beta1 keeps the fields on the request itself
+            device_class, count = _request_devices(request, where)
+        add(usage, {device_class_key(device_class): Decimal(count)})
+    return usage
+
+
+@dataclass(frozen=True)
+class ClaimCatalog:
+    """Usage of the ResourceClaimTemplates and ResourceClaims of one namespace, by name."""
+
+    templates: Mapping[str, ResourceList] = field(default_factory=dict)
+    claims: Mapping[str, ResourceList] = field(default_factory=dict)
+
+
+def pod_usage(
+    pod_spec: Mapping[str, Any],
+    *,
+    gpu_model: str = "",
+    catalog: ClaimCatalog | None = None,
+    field: str = "spec",
+    strict_claims: bool = True,
+) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+    """Usage of one pod: (per replica, shared by all replicas). Shared = named ResourceClaims."""
+    catalog = catalog or ClaimCatalog()
+    per_pod: dict[str, Decimal] = {"pods": Decimal(1)}
+    requests = _pod_resources(pod_spec, field, 0)
+    limits = _pod_resources(pod_spec, field, 1)
+    for resource, amount in requests.items():
+        add(per_pod, {f"requests.{resource}": amount})
+        if resource in _BARE_ALIASES:
+            add(per_pod, {resource: amount})
+    for resource, amount in limits.items():
+        add(per_pod, {f"limits.{resource}": amount})
+    if gpu_model:
+        for prefix in ("requests.", "limits."):
+            generic = f"{prefix}{GPU_RESOURCE}"
+            if generic in per_pod:
+                per_pod[f"{generic}.{gpu_model}"] = per_pod[generic]
+    refs = claim_refs(pod_spec)
+    shared: dict[str, Decimal] = {}
+    for name in sorted(refs.templates):
+        template = catalog.templates.get(name)
+        if template is None:
+            if strict_claims:
+                raise WorkloadError(f"{field}.resourceClaims: ResourceClaimTemplate {name!r} not found")
+            continue
+        add(per_pod, template)
+    for name in sorted(refs.claims):
+        claim = catalog.claims.get(name)
+        if claim is None:
+            if strict_claims:
+                raise WorkloadError(f"{field}.resourceClaims: ResourceClaim {name!r} not found")
+            continue
+        add(shared, claim)
+    return per_pod, shared
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    """Where a workload keeps its pods: the template's spec, its replica count and field path."""
+
+    spec: Mapping[str, Any]
+    labels: Mapping[str, str]
+    replicas: int
+    field: str
+
+
+def _replicas(value: object, field: str, default: int = 1) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise WorkloadError(f"{field}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _job_pods(job_spec: Mapping[str, Any], field: str) -> PodTemplate:
+    parallelism = _replicas(job_spec.get("parallelism"), f"{field}.parallelism")
+    completions = job_spec.get("completions")
+    if completions is not None:  # a Job never runs more pods at once than it still needs
+        parallelism = min(parallelism, _replicas(completions, f"{field}.completions"))
+    template = _get(job_spec, "template") or {}
+    return PodTemplate(
+        spec=template.get("spec") or {},
+        labels=_get(template, "metadata.labels") or {},
+        replicas=parallelism,
+        field=f"{field}.template.spec",
+    )
+
+
+def pod_template(obj: Mapping[str, Any]) -> PodTemplate:
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return PodTemplate(obj.get("spec") or {}, _get(obj, "metadata.labels") or {}, 1, "spec")
+    if kind in ("Deployment", "StatefulSet", "ReplicaSet"):
+        template = _get(obj, "spec.template") or {}
+        return PodTemplate(
+            spec=template.get("spec") or {},
+            labels=_get(template, "metadata.labels") or {},
+            replicas=_replicas(_get(obj, "spec.replicas"), "spec.replicas"),
+            field="spec.template.spec",
+        )
+    if kind == "Job":
+        return _job_pods(obj.get("spec") or {}, "spec")
+    if kind == "CronJob":  # one Job at a time (concurrencyPolicy Allow can start more; see docs)
+        return _job_pods(_get(obj, "spec.jobTemplate.spec") or {}, "spec.jobTemplate.spec")
+    raise WorkloadError(f"kind: {kind!r} is not a workload gpuforge counts ({', '.join(WORKLOAD_KINDS)})")
+
+
+def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    labels = _get(obj, "metadata.labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def is_controlled_by_workload(obj: Mapping[str, Any]) -> bool:
+    """Pods of a ReplicaSet, ReplicaSets of a Deployment, Jobs of a CronJob: charged to the owner."""
+    for owner in _get(obj, "metadata.ownerReferences") or ():
+        if isinstance(owner, Mapping) and owner.get("controller") and owner.get("kind") in _CONTROLLER_KINDS:
+            return True
+    return False
+
+
+def referenced_claims(obj: Mapping[str, Any]) -> ClaimRefs:
+    return claim_refs(pod_template(obj).spec)
+
+
+def gpu_model_of(obj: Mapping[str, Any], template: PodTemplate | None = None) -> str:
+    model = labels_of(obj).get(GPU_MODEL_LABEL) or (template.labels.get(GPU_MODEL_LABEL) if template else "")
+    return str(model or "")
+
+
+def workload_usage(
+    obj: Mapping[str, Any],
+    catalog: ClaimCatalog | None = None,
+    *,
+    replicas: int | None = None,
+    strict_claims: bool = True,
+) -> WorkloadUsage:
+    """Whole usage of a workload object; `replicas` overrides the object's (the scale subresource)."""
+    template = pod_template(obj)
+    count = template.replicas if replicas is None else replicas
+    per_pod, shared = pod_usage(
+        template.spec,
+        gpu_model=gpu_model_of(obj, template),
+        catalog=catalog,
+        field=template.field,
+        strict_claims=strict_claims,
+    )
+    total: dict[str, Decimal] = {}
+    add(total, per_pod, count)
+    if count:
+        add(total, shared)
+    metadata = obj.get("metadata") or {}
+    return WorkloadUsage(
+        kind=str(obj.get("kind")),
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        quota=str(labels_of(obj).get(QUOTA_LABEL) or ""),
+        replicas=count,
+        usage={key: amount for key, amount in total.items() if amount},
+        generation=generation_of(obj),
+    )
+
+
+def generation_of(obj: Mapping[str, Any]) -> int:
+    generation = _get(obj, "metadata.generation")
+    return generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
+
+
+def increase(old: Mapping[str, Decimal], new: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    """Per key, how much `new` takes beyond `old` (decreases are released later by the controller)."""
+    result = {}
+    for key, amount in new.items():
+        grown = amount - old.get(key, Decimal(0))
+        if grown > 0:
+            result[key] = grown
+    return result
+
+
+def restrict(values: Mapping[str, Decimal], keys: Iterable[str]) -> dict[str, Decimal]:
+    wanted = set(keys)
+    return {key: amount for key, amount in values.items() if key in wanted}

@@ -1,0 +1,1014 @@
+"""The upgrade and migration planner: `plan(snapshot, desired, policy) -> Plan`. Pure, no I/O.
+
+Stateless and idempotent: every decision comes from the snapshot (the node state label, the annotations
+the planner wrote earlier, what runs and what is advertised now), so a restarted operator plans exactly
+what the previous one would have, and planning twice from one snapshot gives the same plan.
+
+One node's path, forward (see `NodeState` for when each state is set):
+
+    upgrade-required -> (admit: record origin and cordon state, cordon) wait-for-jobs-required
+      -> drain-required (only when pods must leave: a mode change, or drain enabled)
+      -> version upgrade: delete the outdated operand pod -> operand-restart-required
+         mode change:     old deploy label off -> wait-old-gone -> (old pod, old advertisement and GPU
+                          pods all gone) new deploy label on
+      -> validation-required -> (new plugin Ready, GPUs advertised) uncordon if we cordoned -> upgrade-done
+
+A node that runs nothing yet (a new node) gets its deploy label at once, without a slot. A failing step
+sends the node to upgrade-failed, or with onFailure rollback back to its previous mode/version through
+rollback-required, rollback-validation-required and rolled-back. Per node, every step first asks what the
+node needs now, so a target that changes mid-way (a new version, a mode switched back) is followed from
+wherever the node is, and the two deploy labels are never on together.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gpuforge.constants import NODE_STATE_LABEL, STACK_LABEL
+from gpuforge.upgrade.model import (
+    COMPONENTS,
+    DEPLOY_LABELS,
+    DEPLOY_ON,
+    FAILED_TARGET_ANNOTATION,
+    FAILURE_ANNOTATION,
+    FAILURE_STATES,
+    FROM_ANNOTATION,
+    IN_FLIGHT_STATES,
+    INITIAL_UNSCHEDULABLE_ANNOTATION,
+    STATE_SINCE_ANNOTATION,
+    Action,
+    Cordon,
+    DeletePods,
+    Desired,
+    DraDriverSupport,
+    EvictPods,
+    GpuNode,
+    Hold,
+    HoldReason,
+    Mode,
+    NodeState,
+    OnFailure,
+    Plan,
+    PodRef,
+    Policy,
+    Refusal,
+    RefusalReason,
+    SetAnnotations,
+    SetLabels,
+    Snapshot,
+    Transition,
+    Uncordon,
+    WorkloadPod,
+    format_time,
+)
+
+DRA_API_VERSIONS = ("v1", "v1beta2", "v1beta1")
+_PRE_CHANGE_STATES = frozenset({NodeState.WAIT_FOR_JOBS_REQUIRED, NodeState.DRAIN_REQUIRED})
+_MAX_CHAIN = 6  # steps one node may take on one snapshot; the longest real chain is 3
+
+
+def other(mode: Mode) -> Mode:
+    return Mode.DRA if mode is Mode.DEVICE_PLUGIN else Mode.DEVICE_PLUGIN
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What a node runs: a stack at a release; mode None means no stack."""
+
+    mode: Mode | None
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.mode}@{self.version}" if self.mode else "none"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Placement | None:
+        if not text:
+            return None
+        if text == "none":
+            return cls(None, "")
+        mode, sep, version = text.partition("@")
+        try:
+            return cls(Mode(mode), version) if sep and version else None
+        except ValueError:
+            return None
+
+
+class Change(enum.Enum):
+    NONE = "none"  # deploy labels and operand pods match the target
+    RESTART = "restart"  # right deploy label, outdated operand pod: delete it (OnDelete DaemonSet)
+    MOVE = "move"  # deploy labels differ: turn the old one off, wait until it is gone, turn the new one on
+    INSTALL = "install"  # nothing runs or is advertised on the node: just turn the target on
+
+
+# --- the outcome of one step, merged along a chain -------------------------------------------------
+
+
+@dataclass
+class _Step:
+    state: NodeState | None
+    labels: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str | None] = field(default_factory=dict)
+    cordon: bool | None = None
+    pod_actions: list[EvictPods | DeletePods] = field(default_factory=list)
+    message: str = ""
+    failure: str | None = None
+    chain: bool = (
+        False  # the next state's step may run on the same snapshot (it does not depend on our actions)
+    )
+
+
+class _Context:
+    """Per-plan facts shared by all nodes."""
+
+    def __init__(self, snapshot: Snapshot, desired: Desired, policy: Policy) -> None:
+        self.snapshot = snapshot
+        self.desired = desired
+        self.policy = policy
+        self.now: datetime = snapshot.now
+        self.now_text = format_time(snapshot.now)
+        self.target = Placement(desired.mode, desired.versions[desired.mode])
+        revision = desired.revisions.get(desired.mode, "")
+        self.fingerprint = f"{self.target}#{revision}" if revision else str(self.target)
+        self.served_dra = [v for v in DRA_API_VERSIONS if v in snapshot.served_resource_versions]
+        self.support: dict[str, DraDriverSupport] = {s.version: s for s in desired.dra_support}
+
+    # --- what a deploy label value runs -----------------------------------------------------------
+
+    def label_value(self, placement: Placement) -> str:
+        """Deploy label value that makes a node run `placement`: "true" for the main DaemonSet's release,
+        else the release itself (a pinned node, served by a DaemonSet of that release)."""
+        assert placement.mode is not None
+        return (
+            DEPLOY_ON if placement.version == self.desired.versions.get(placement.mode) else placement.version
+        )
+
+    def runs_version(self, mode: Mode, value: str) -> str:
+        return self.desired.versions.get(mode, "") if value == DEPLOY_ON else value
+
+    def current(self, node: GpuNode) -> Placement:
+        """The mode and release the node runs now (for the origin annotation)."""
+        on = [m for m in (Mode.DEVICE_PLUGIN, Mode.DRA) if node.deploy_value(m) is not None]
+        if len(on) != 1:
+            return Placement(None, "")
+        mode = on[0]
+        pods = sorted(
+            (p for p in node.operands if p.mode is mode and not p.deleting),
+            key=lambda p: (not p.ready, p.ref.name),
+        )
+        value = node.deploy_value(mode)
+        assert value is not None
+        return Placement(mode, pods[0].version if pods else self.runs_version(mode, value))
+
+    # --- classification ---------------------------------------------------------------------------
+
+    def outdated(self, node: GpuNode, target: Placement) -> list[PodRef]:
+        assert target.mode is not None
+        revision = (
+            self.desired.revisions.get(target.mode, "") if self.label_value(target) == DEPLOY_ON else ""
+        )
+        return [
+            p.ref
+            for p in node.operands
+            if p.mode is target.mode
+            and not p.deleting
+            and (p.version != target.version or (revision and p.revision and p.revision != revision))
+        ]
+
+    def classify(self, node: GpuNode, target: Placement) -> Change:
+        assert target.mode is not None
+        value, other_value = node.deploy_value(target.mode), node.deploy_value(other(target.mode))
+        if value == self.label_value(target) and other_value is None:
+            return Change.RESTART if self.outdated(node, target) else Change.NONE
+        if (
+            value is None
+            and other_value is None
+            and not node.operands
+            and not advertises(node, Mode.DEVICE_PLUGIN, self.desired.dra_driver)
+            and not advertises(node, Mode.DRA, self.desired.dra_driver)
+        ):
+            return Change.INSTALL
+        return Change.MOVE
+
+    def mode_change(self, node: GpuNode, target: Placement) -> bool:
+        """The node's GPUs move from one stack to the other (so pods holding them must leave first)."""
+        assert target.mode is not None
+        old = other(target.mode)
+        origin = Placement.parse(node.annotations.get(FROM_ANNOTATION))
+        return (
+            (origin is not None and origin.mode not in (None, target.mode))
+            or node.deploy_value(old) is not None
+            or any(p.mode is old for p in node.operands)
+            or advertises(node, old, self.desired.dra_driver)
+        )
+
+    def labels_to_turn_off(self, node: GpuNode, target: Placement) -> dict[str, str | None]:
+        assert target.mode is not None
+        off: dict[str, str | None] = {}
+        for mode in (Mode.DEVICE_PLUGIN, Mode.DRA):
+            value = node.deploy_value(mode)
+            if value is not None and not (mode is target.mode and value == self.label_value(target)):
+                off[DEPLOY_LABELS[mode]] = None
+        return off
+
+    def timed_out(self, since: datetime | None, seconds: int) -> bool:
+        return seconds > 0 and since is not None and (self.now - since).total_seconds() >= seconds
+
+    # --- DRA compatibility ----------------------------------------------------------------------------
+
+    def dra_refusal(self, node: GpuNode) -> tuple[RefusalReason, str] | None:
+        """Why `node` must not be moved to the target DRA driver, or None."""
+        if self.target.mode is not Mode.DRA:
+            return None
+        if not self.served_dra:
+            served = ", ".join(sorted(self.snapshot.served_resource_versions)) or "none"
+            return RefusalReason.NO_DRA_API, (
+                f"the API server serves no resource.k8s.io version the DRA driver can use (served: {served})"
+            )
+        minor = node.kubelet_minor
+        if minor is None:
+            return None
+        support = self.support.get(self.target.version)
+        if support is not None and minor not in support.kubelet_minors:
+            others = self.releases_serving({minor})
+            hint = (
+                f"releases that serve it: {', '.join(others)}"
+                if others
+                else "no DRA driver release serves it; keep these nodes on the device plugin"
+            )
+            return RefusalReason.KUBELET_UNSUPPORTED, (
+                f"DRA driver {self.target.version} cannot talk to kubelet 1.{minor} ({hint})"
+            )
+        if minor in (32, 33) and "v1beta1" not in self.served_dra:
+            return RefusalReason.KUBELET_NEEDS_V1BETA1, (
+                f"kubelet 1.{minor} reads ResourceClaims through resource.k8s.io/v1beta1, which the API "
+                "server does not serve (enable it with --runtime-config=resource.k8s.io/v1beta1=true)"
+            )
+        return None
+
+    def releases_serving(self, minors: set[int]) -> list[str]:
+        """DRA driver releases that can talk to every kubelet minor in `minors`, newest first."""
+        fits = [s.version for s in self.desired.dra_support if minors <= s.kubelet_minors]
+        return sorted(fits, key=_release_key, reverse=True)
+
+
+def _release_key(version: str) -> tuple[int, ...]:
+    out = []
+    for part in version.lstrip("v").split("-", 1)[0].split("."):
+        out.append(int(part) if part.isdigit() else 0)
+    return tuple(out)
+
+
+def advertises(node: GpuNode, mode: Mode, dra_driver: str) -> bool:
+    if mode is Mode.DEVICE_PLUGIN:
+        return node.gpu_capacity > 0 or node.gpu_allocatable > 0
+    return node.dra_slices(dra_driver) > 0 or node.dra_devices(dra_driver) > 0
+
+
+def not_serving(node: GpuNode, target: Placement, dra_driver: str) -> str | None:
+    """What is missing before `node` serves its GPUs through `target`; None when it does."""
+    assert target.mode is not None
+    component = COMPONENTS[target.mode]
+    pods = [
+        p for p in node.operands if p.mode is target.mode and not p.deleting and p.version == target.version
+    ]
+    if not pods:
+        return f"no {component} pod at {target.version} on the node yet"
+    if not any(p.ready for p in pods):
+        return f"{component} pod {pods[0].ref.name} is not Ready"
+    old = other(target.mode)
+    if any(p.mode is old for p in node.operands) or advertises(node, old, dra_driver):
+        return f"the node still runs or advertises the {COMPONENTS[old]}"
+    expected = node.expected_gpus
+    if target.mode is Mode.DEVICE_PLUGIN:
+        if node.gpu_allocatable < expected:
+            return f"the node advertises {node.gpu_allocatable} of {expected} GPUs as nvidia.com/gpu"
+    elif node.dra_devices(dra_driver) < expected:
+        return f"ResourceSlices of {dra_driver} list {node.dra_devices(dra_driver)} of {expected} GPUs"
+    return None
+
+
+def _names(names: Iterable[str], limit: int = 10) -> str:
+    ordered = sorted(names)
+    shown = ", ".join(ordered[:limit])
+    return shown + (f" and {len(ordered) - limit} more" if len(ordered) > limit else "")
+
+
+# --- workloads on a node --------------------------------------------------------------------------
+
+
+def _leaving(node: GpuNode, mode_change: bool, policy: Policy) -> list[WorkloadPod]:
+    """Pods that must be gone before the node changes (DaemonSet pods never are)."""
+    return [
+        p
+        for p in node.pods
+        if not p.daemonset
+        and (
+            (mode_change and p.uses_gpu)
+            or (policy.drain.enable and policy.drain.pod_selector.matches(p.labels))
+        )
+    ]
+
+
+def _may_evict(pod: WorkloadPod, mode_change: bool, policy: Policy) -> bool:
+    deletion, drain = policy.pod_deletion, policy.drain
+    by_deletion = (
+        mode_change
+        and pod.uses_gpu
+        and deletion.enable
+        and (pod.controlled or deletion.force)
+        and (not pod.empty_dir or deletion.delete_empty_dir)
+    )
+    by_drain = (
+        drain.enable
+        and drain.pod_selector.matches(pod.labels)
+        and (pod.controlled or drain.force)
+        and (not pod.empty_dir or drain.delete_empty_dir)
+    )
+    return by_deletion or by_drain
+
+
+def _why_blocked(pod: WorkloadPod) -> str:
+    if not pod.controlled:
+        return f"{pod.ref} (no controller; needs force)"
+    if pod.empty_dir:
+        return f"{pod.ref} (emptyDir; needs deleteEmptyDir)"
+    return str(pod.ref)
+
+
+# --- the planner ----------------------------------------------------------------------------------
+
+
+class _NodePlanner:
+    def __init__(self, ctx: _Context, node: GpuNode) -> None:
+        self.ctx = ctx
+        self.node = node
+        self.policy = ctx.policy
+
+    # --- entry points -----------------------------------------------------------------------------
+
+    def run(self, state: NodeState, since: datetime | None) -> _Step:
+        """Advance an in-flight node as far as this snapshot allows."""
+        steps: list[_Step] = []
+        current, current_since = state, since
+        for _ in range(_MAX_CHAIN):
+            step = self.step(current, current_since)
+            steps.append(step)
+            if not step.chain or step.state is None or step.state == current:
+                break
+            current, current_since = step.state, None  # a state entered now has not waited yet
+        return _merge(steps)
+
+    def step(self, state: NodeState, since: datetime | None) -> _Step:
+        match state:
+            case NodeState.WAIT_FOR_JOBS_REQUIRED:
+                return self.wait_for_jobs(since)
+            case NodeState.DRAIN_REQUIRED:
+                return self.drain(since)
+            case NodeState.WAIT_OLD_GONE:
+                return self.wait_old_gone(since)
+            case NodeState.OPERAND_RESTART_REQUIRED:
+                return self.operand_restart(since)
+            case NodeState.VALIDATION_REQUIRED:
+                return self.validate(since)
+            case NodeState.ROLLBACK_REQUIRED:
+                return self.rollback(since)
+            case NodeState.ROLLBACK_VALIDATION_REQUIRED:
+                return self.rollback_validate(since)
+            case _:
+                raise AssertionError(f"not an in-flight state: {state}")
+
+    # --- forward path -----------------------------------------------------------------------------
+
+    def _must_clear(self, change: Change) -> bool:
+        """Pods must leave before this change: GPU pods before a mode change, all pods if drain is on."""
+        if self.policy.drain.enable:
+            return True
+        return change in (Change.MOVE, Change.INSTALL) and self.ctx.mode_change(self.node, self.ctx.target)
+
+    def _route(self, change: Change, here: NodeState) -> _Step:
+        """Where a node whose change is `change` goes next from a state that no longer fits it."""
+        if change is Change.NONE:
+            return _Step(NodeState.VALIDATION_REQUIRED, message="node matches the target", chain=True)
+        if (
+            here not in _PRE_CHANGE_STATES
+            and self._must_clear(change)
+            and _leaving(self.node, self.ctx.mode_change(self.node, self.ctx.target), self.policy)
+        ):
+            return _Step(NodeState.DRAIN_REQUIRED, message="pods must leave the node first", chain=True)
+        return self.change(change)
+
+    def change(self, change: Change) -> _Step:
+        """Make the change itself: restart the outdated pod, or turn the old stack off."""
+        target = self.ctx.target
+        if change is Change.RESTART:
+            assert target.mode is not None
+            pods = tuple(self.ctx.outdated(self.node, target))
+            return _Step(
+                NodeState.OPERAND_RESTART_REQUIRED,
+                pod_actions=[DeletePods(pods)],
+                message=f"deleting outdated {COMPONENTS[target.mode]} pod(s) {_names(map(str, pods))}"
+                f" so they come back at {target.version}",
+            )
+        off = self.ctx.labels_to_turn_off(self.node, target)
+        if off:
+            return _Step(
+                NodeState.WAIT_OLD_GONE,
+                labels=off,
+                message=f"turned off {', '.join(sorted(off))}",
+                chain=False,
+            )
+        return _Step(NodeState.WAIT_OLD_GONE, message="old stack already off", chain=True)
+
+    def wait_for_jobs(self, since: datetime | None) -> _Step:
+        change = self.ctx.classify(self.node, self.ctx.target)
+        if change is Change.NONE or not self._must_clear(change):
+            return self._route(change, NodeState.WAIT_FOR_JOBS_REQUIRED)
+        selector = self.policy.wait_for_completion.pod_selector
+        mode_change = self.ctx.mode_change(self.node, self.ctx.target)
+        waiting = (
+            []
+            if selector.empty
+            else [p for p in _leaving(self.node, mode_change, self.policy) if selector.matches(p.labels)]
+        )
+        if waiting and not self.ctx.timed_out(since, self.policy.wait_for_completion.timeout_seconds):
+            return self._stay(
+                NodeState.WAIT_FOR_JOBS_REQUIRED,
+                since,
+                f"waiting for {len(waiting)} pod(s) matching {selector} to finish: "
+                + _names(str(p.ref) for p in waiting),
+            )
+        message = "waited long enough for jobs" if waiting else "no jobs to wait for"
+        return _Step(NodeState.DRAIN_REQUIRED, message=message, chain=True)
+
+    def drain(self, since: datetime | None) -> _Step:
+        change = self.ctx.classify(self.node, self.ctx.target)
+        if change is Change.NONE or not self._must_clear(change):
+            return self._route(change, NodeState.DRAIN_REQUIRED)
+        mode_change = self.ctx.mode_change(self.node, self.ctx.target)
+        leaving = _leaving(self.node, mode_change, self.policy)
+        if not leaving:
+            return self.change(change)
+        timeout = (
+            self.policy.drain.timeout_seconds
+            if self.policy.drain.enable
+            else self.policy.pod_deletion.timeout_seconds
+        )
+        blocked = [p for p in leaving if not p.deleting and not _may_evict(p, mode_change, self.policy)]
+        if self.ctx.timed_out(since, timeout):
+            stuck = [_why_blocked(p) if p in blocked else str(p.ref) for p in leaving]
+            return self.fail(
+                f"{len(leaving)} pod(s) still on the node after {timeout}s: {_names(stuck)}",
+                NodeState.DRAIN_REQUIRED,
+            )
+        evict = tuple(p.ref for p in leaving if not p.deleting and p not in blocked)
+        step = self._stay(
+            NodeState.DRAIN_REQUIRED,
+            since,
+            f"evicting {len(evict)} pod(s), {len(leaving) - len(evict)} more to finish or terminate",
+        )
+        if evict:
+            step.pod_actions.append(EvictPods(evict))
+        return step
+
+    def wait_old_gone(self, since: datetime | None) -> _Step:
+        ctx, node, target = self.ctx, self.node, self.ctx.target
+        change = ctx.classify(node, target)
+        if change in (Change.NONE, Change.RESTART):
+            return self._route(change, NodeState.WAIT_OLD_GONE)
+        off = ctx.labels_to_turn_off(node, target)
+        if off:  # someone turned it back on
+            return _Step(
+                NodeState.WAIT_OLD_GONE, labels=off, message=f"turned off {', '.join(sorted(off))} again"
+            )
+        mode_change = ctx.mode_change(node, target)
+        if mode_change and _leaving(node, True, self.policy):
+            return _Step(
+                NodeState.DRAIN_REQUIRED, message="GPU pods appeared; they must leave first", chain=True
+            )
+        assert target.mode is not None
+        target_on = node.deploy_value(target.mode) is not None
+        lingering = [p.ref.name for p in node.operands if p.mode is not target.mode or not target_on]
+        old_advert = advertises(node, other(target.mode), ctx.desired.dra_driver)
+        refusal = ctx.dra_refusal(node)
+        if not lingering and not old_advert and refusal is None:
+            value = ctx.label_value(target)
+            return _Step(
+                NodeState.VALIDATION_REQUIRED,
+                labels={DEPLOY_LABELS[target.mode]: value},
+                message=f"old stack gone; turned on {COMPONENTS[target.mode]} {target.version}",
+            )
+        if lingering:
+            waiting = f"waiting for pod(s) {_names(lingering)} to go"
+        elif old_advert:
+            waiting = (
+                f"waiting until the node stops advertising GPUs through the {COMPONENTS[other(target.mode)]}"
+            )
+        else:
+            assert refusal is not None
+            waiting = f"not turning the DRA driver on: {refusal[1]}"
+        if ctx.timed_out(since, self.policy.timeouts.wait_old_gone):
+            return self.fail(f"{waiting} for {self.policy.timeouts.wait_old_gone}s", NodeState.WAIT_OLD_GONE)
+        return self._stay(NodeState.WAIT_OLD_GONE, since, waiting)
+
+    def operand_restart(self, since: datetime | None) -> _Step:
+        change = self.ctx.classify(self.node, self.ctx.target)
+        if change is not Change.RESTART:
+            return self._route(change, NodeState.OPERAND_RESTART_REQUIRED)
+        if self.ctx.timed_out(since, self.policy.timeouts.operand_restart):
+            return self.fail(
+                f"outdated operand pod still there after {self.policy.timeouts.operand_restart}s",
+                NodeState.OPERAND_RESTART_REQUIRED,
+            )
+        pods = tuple(self.ctx.outdated(self.node, self.ctx.target))
+        step = self._stay(
+            NodeState.OPERAND_RESTART_REQUIRED, since, f"deleting outdated pod(s) {_names(map(str, pods))}"
+        )
+        step.pod_actions.append(DeletePods(pods))
+        return step
+
+    def validate(self, since: datetime | None) -> _Step:
+        change = self.ctx.classify(self.node, self.ctx.target)
+        if change is not Change.NONE:
+            return self._route(change, NodeState.VALIDATION_REQUIRED)
+        missing = not_serving(self.node, self.ctx.target, self.ctx.desired.dra_driver)
+        if missing is None:
+            return self.finish(NodeState.UPGRADE_DONE, f"serving through {self.ctx.target}")
+        if self.ctx.timed_out(since, self.policy.timeouts.validation):
+            return self.fail(
+                f"not serving after {self.policy.timeouts.validation}s: {missing}",
+                NodeState.VALIDATION_REQUIRED,
+            )
+        return self._stay(NodeState.VALIDATION_REQUIRED, since, missing)
+
+    # --- finishing and failing --------------------------------------------------------------------
+
+    def finish(self, state: NodeState, message: str, keep_failure: bool = False) -> _Step:
+        """Leave the node: uncordon only if we cordoned it, drop the annotations of the attempt."""
+        step = _Step(state, message=message)
+        step.annotations = {INITIAL_UNSCHEDULABLE_ANNOTATION: None, FROM_ANNOTATION: None}
+        if not keep_failure:
+            step.annotations |= {FAILED_TARGET_ANNOTATION: None, FAILURE_ANNOTATION: None}
+        if self.node.cordoned_by_us and self.node.unschedulable:
+            step.cordon = False
+            step.message += "; uncordoned"
+        return _clean(step, self.node)
+
+    def fail(self, reason: str, state: NodeState) -> _Step:
+        node, policy = self.node, self.policy
+        record = {FAILED_TARGET_ANNOTATION: self.ctx.fingerprint, FAILURE_ANNOTATION: reason}
+        origin = Placement.parse(node.annotations.get(FROM_ANNOTATION))
+        untouched = (
+            state in _PRE_CHANGE_STATES
+            and origin is not None
+            and origin.mode is not None
+            and node.deploy_value(origin.mode) is not None
+            and node.deploy_value(other(origin.mode)) is None
+        )
+        if untouched:
+            # Nothing changed on the node yet: it keeps serving on its old stack, so give it back.
+            step = self.finish(
+                NodeState.UPGRADE_FAILED, f"failed before any change: {reason}", keep_failure=True
+            )
+        elif policy.on_failure is OnFailure.ROLLBACK and origin is not None and origin.mode is not None:
+            step = _Step(
+                NodeState.ROLLBACK_REQUIRED, message=f"failed: {reason}; rolling back to {origin}", chain=True
+            )
+        else:
+            step = _Step(NodeState.UPGRADE_FAILED, message=f"failed: {reason}")
+        step.annotations |= record
+        step.failure = reason
+        return step
+
+    # --- rollback ---------------------------------------------------------------------------------
+
+    def _origin(self) -> Placement | None:
+        origin = Placement.parse(self.node.annotations.get(FROM_ANNOTATION))
+        return origin if origin is not None and origin.mode is not None else None
+
+    def rollback(self, since: datetime | None) -> _Step:
+        ctx, node = self.ctx, self.node
+        origin = self._origin()
+        if origin is None:
+            return _Step(
+                NodeState.UPGRADE_FAILED, message="cannot roll back: the node's origin is not recorded"
+            )
+        assert origin.mode is not None
+        change = ctx.classify(node, origin)
+        if change is Change.NONE:
+            return _Step(NodeState.ROLLBACK_VALIDATION_REQUIRED, message=f"back on {origin}", chain=True)
+        if change is Change.RESTART:
+            pods = tuple(ctx.outdated(node, origin))
+            return _Step(
+                NodeState.ROLLBACK_VALIDATION_REQUIRED,
+                pod_actions=[DeletePods(pods)],
+                message=f"deleting pod(s) {_names(map(str, pods))} to return to {origin.version}",
+            )
+        off = ctx.labels_to_turn_off(node, origin)
+        if off:
+            return self._stay(
+                NodeState.ROLLBACK_REQUIRED, since, f"turned off {', '.join(sorted(off))}", labels=off
+            )
+        mode_change = ctx.mode_change(node, origin)
+        leaving = _leaving(node, mode_change, self.policy) if mode_change else []
+        target_on = node.deploy_value(origin.mode) is not None
+        lingering = [p.ref.name for p in node.operands if p.mode is not origin.mode or not target_on]
+        old_advert = advertises(node, other(origin.mode), ctx.desired.dra_driver)
+        if not leaving and not lingering and not old_advert:
+            return _Step(
+                NodeState.ROLLBACK_VALIDATION_REQUIRED,
+                labels={DEPLOY_LABELS[origin.mode]: ctx.label_value(origin)},
+                message=f"turned {COMPONENTS[origin.mode]} {origin.version} back on",
+            )
+        if ctx.timed_out(since, self.policy.timeouts.rollback):
+            return _Step(
+                NodeState.UPGRADE_FAILED,
+                message="rollback failed: the failed stack did not go",
+                annotations={FAILURE_ANNOTATION: "rollback failed: the failed stack did not go"},
+                failure="rollback failed",
+            )
+        step = self._stay(
+            NodeState.ROLLBACK_REQUIRED,
+            since,
+            f"rolling back to {origin}: waiting for the failed stack to go",
+        )
+        evict = tuple(p.ref for p in leaving if not p.deleting and _may_evict(p, True, self.policy))
+        if evict:
+            step.pod_actions.append(EvictPods(evict))
+        return step
+
+    def rollback_validate(self, since: datetime | None) -> _Step:
+        origin = self._origin()
+        if origin is None:
+            return _Step(
+                NodeState.UPGRADE_FAILED, message="cannot roll back: the node's origin is not recorded"
+            )
+        change = self.ctx.classify(self.node, origin)
+        if change is not Change.NONE:
+            return _Step(NodeState.ROLLBACK_REQUIRED, message="rollback not complete", chain=True)
+        missing = not_serving(self.node, origin, self.ctx.desired.dra_driver)
+        if missing is None:
+            return self.finish(NodeState.ROLLED_BACK, f"rolled back to {origin}", keep_failure=True)
+        if self.ctx.timed_out(since, self.policy.timeouts.rollback):
+            reason = f"rollback failed: {missing}"
+            return _Step(
+                NodeState.UPGRADE_FAILED,
+                message=reason,
+                annotations={FAILURE_ANNOTATION: reason},
+                failure=reason,
+            )
+        return self._stay(NodeState.ROLLBACK_VALIDATION_REQUIRED, since, f"rolling back: {missing}")
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _stay(
+        self,
+        state: NodeState,
+        since: datetime | None,
+        message: str,
+        labels: dict[str, str | None] | None = None,
+    ) -> _Step:
+        step = _Step(state, message=message, labels=dict(labels or {}))
+        if since is None and self.node.state is state:
+            step.annotations[STATE_SINCE_ANNOTATION] = self.ctx.now_text  # the timer was lost: start it now
+        return step
+
+
+def _clean(step: _Step, node: GpuNode) -> _Step:
+    """Drop annotation removals for annotations the node does not have (fewer, smaller patches)."""
+    step.annotations = {k: v for k, v in step.annotations.items() if v is not None or k in node.annotations}
+    return step
+
+
+def _merge(steps: list[_Step]) -> _Step:
+    out = _Step(steps[-1].state)
+    messages = []
+    for step in steps:
+        out.labels.update(step.labels)
+        out.annotations.update(step.annotations)
+        if step.cordon is not None:
+            out.cordon = step.cordon
+        out.pod_actions.extend(step.pod_actions)
+        out.failure = step.failure or out.failure
+        if step.message:
+            messages.append(step.message)
+    out.message = "; ".join(messages)
+    return out
+
+
+def _transition(ctx: _Context, node: GpuNode, step: _Step) -> Transition | None:
+    """Turn a step into a Transition (None if it does nothing): state label, timer, stack label, actions."""
+    labels = dict(step.labels)
+    annotations = dict(step.annotations)
+    if step.state != node.state:
+        labels[NODE_STATE_LABEL] = step.state.value if step.state else None
+        if step.state is not None:
+            annotations[STATE_SINCE_ANNOTATION] = ctx.now_text
+    if step.state is not None and ctx.desired.stack and node.labels.get(STACK_LABEL) != ctx.desired.stack:
+        labels[STACK_LABEL] = ctx.desired.stack
+    labels = {k: v for k, v in labels.items() if node.labels.get(k) != v}
+    annotations = {k: v for k, v in annotations.items() if node.annotations.get(k) != v}
+    actions: list[Action] = []
+    if labels:
+        actions.append(SetLabels(labels))
+    if annotations:
+        actions.append(SetAnnotations(annotations))
+    if step.cordon is True and not node.unschedulable:
+        actions.append(Cordon())
+    elif step.cordon is False and node.unschedulable:
+        actions.append(Uncordon())
+    actions.extend(a for a in step.pod_actions if a.pods)
+    if not actions:
+        return None
+    return Transition(node.name, node.state, step.state, tuple(actions), step.message, step.failure)
+
+
+# --- the whole cluster ----------------------------------------------------------------------------
+
+
+def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
+    """The transitions to make now, and what waits or is refused (naming the nodes).
+
+    Stateless and idempotent; O(nodes + pods). Transitions are ordered: nodes in flight and releases
+    first, then newly admitted nodes, each group by node name.
+    """
+    ctx = _Context(snapshot, desired, policy)
+    nodes = sorted(snapshot.nodes, key=lambda n: n.name)
+    progress: list[Transition] = []
+    holds: dict[HoldReason, list[str]] = {}
+    hold_text: dict[HoldReason, str] = {}
+    refusals: dict[tuple[RefusalReason, str], list[str]] = {}
+    states: dict[str, NodeState] = {}
+    candidates: list[GpuNode] = []
+    failed: list[str] = []
+
+    def hold(reason: HoldReason, name: str, message: str) -> None:
+        holds.setdefault(reason, []).append(name)
+        hold_text.setdefault(reason, message)
+
+    def add(node: GpuNode, step: _Step) -> None:
+        transition = _transition(ctx, node, step)
+        if transition is not None:
+            progress.append(transition)
+        if step.state is not None and node.name in desired.selected:
+            states[node.name] = step.state
+            failed_target = step.annotations.get(
+                FAILED_TARGET_ANNOTATION, node.annotations.get(FAILED_TARGET_ANNOTATION)
+            )
+            if step.state in FAILURE_STATES and failed_target == ctx.fingerprint:
+                failed.append(node.name)
+
+    selected_nodes = [n for n in nodes if n.name in desired.selected]
+    for node in nodes:
+        if node.name not in desired.selected:
+            if not _under_maintenance(node, policy):
+                release = _release(ctx, node)
+                if release is not None:
+                    step, claims_wait = release
+                    add(node, step)
+                    if claims_wait:
+                        hold(
+                            HoldReason.CLAIMS_HELD,
+                            node.name,
+                            "the DRA kubelet plugin stays on released nodes "
+                            "until no pod there holds a GPU ResourceClaim",
+                        )
+            continue
+        state = node.state
+        if _under_maintenance(node, policy):
+            hold(HoldReason.MAINTENANCE, node.name, "nodes under maintenance are not touched until it ends")
+            if state is not None:
+                states[node.name] = state
+            continue
+        planner = _NodePlanner(ctx, node)
+        if state in IN_FLIGHT_STATES:
+            add(node, planner.run(state, node.state_since))
+            continue
+        change = ctx.classify(node, ctx.target)
+        if state in FAILURE_STATES and node.annotations.get(FAILED_TARGET_ANNOTATION) == ctx.fingerprint:
+            missing = (
+                not_serving(node, ctx.target, desired.dra_driver) if change is Change.NONE else "differs"
+            )
+            if state is NodeState.UPGRADE_FAILED and missing is None:
+                add(node, planner.finish(NodeState.UPGRADE_DONE, "recovered: serving through the target"))
+            else:
+                add(node, _Step(state))
+            continue
+        if change is Change.NONE:
+            if node.held_by_us:  # an attempt was interrupted after the node got there: finish it properly
+                add(node, planner.run(NodeState.VALIDATION_REQUIRED, None))
+            else:
+                add(
+                    node,
+                    _clean(
+                        _Step(
+                            NodeState.UPGRADE_DONE,
+                            message="in sync",
+                            annotations={FAILED_TARGET_ANNOTATION: None, FAILURE_ANNOTATION: None},
+                        ),
+                        node,
+                    ),
+                )
+            continue
+        refusal = ctx.dra_refusal(node)
+        if refusal is not None:
+            refusals.setdefault(refusal, []).append(node.name)
+        if change is Change.INSTALL and refusal is None and not node.held_by_us:
+            if policy.skip_label and node.labels.get(policy.skip_label) == "true":
+                hold(HoldReason.SKIPPED, node.name, f"nodes labelled {policy.skip_label}=true are left alone")
+                add(node, _Step(NodeState.UPGRADE_REQUIRED))
+            elif not node.ready:
+                hold(HoldReason.NOT_READY, node.name, "NotReady nodes are not started")
+                add(node, _Step(NodeState.UPGRADE_REQUIRED))
+            else:
+                assert ctx.target.mode is not None
+                add(
+                    node,
+                    _Step(
+                        NodeState.VALIDATION_REQUIRED,
+                        labels={DEPLOY_LABELS[ctx.target.mode]: ctx.label_value(ctx.target)},
+                        message="nothing runs on the node yet: turned on "
+                        f"{COMPONENTS[ctx.target.mode]} {ctx.target.version}",
+                    ),
+                )
+            continue
+        if refusal is not None:
+            add(node, _Step(NodeState.UPGRADE_REQUIRED, message=refusal[1]))
+            continue
+        candidates.append(node)
+
+    # --- admissions: who starts now ---------------------------------------------------------------
+    failed.sort()
+    max_unavailable = policy.max_unavailable.resolve(len(selected_nodes))
+    unavailable = sum(1 for n in selected_nodes if n.unschedulable or not n.ready)
+    budget = max_unavailable - unavailable
+    in_progress = sum(1 for n in selected_nodes if n.held_by_us and n.state in IN_FLIGHT_STATES)
+    halted = policy.max_failures > 0 and len(failed) >= policy.max_failures
+    admitted: list[Transition] = []
+    candidates.sort(key=lambda n: (not n.unschedulable, sum(1 for p in n.pods if p.uses_gpu), n.name))
+    for node in candidates:
+        waiting = _Step(NodeState.UPGRADE_REQUIRED)
+        if policy.skip_label and node.labels.get(policy.skip_label) == "true":
+            hold(HoldReason.SKIPPED, node.name, f"nodes labelled {policy.skip_label}=true are left alone")
+        elif not node.ready:
+            hold(HoldReason.NOT_READY, node.name, "NotReady nodes are not started")
+        elif policy.paused:
+            hold(HoldReason.PAUSED, node.name, "the upgrade policy is paused")
+        elif halted:
+            hold(
+                HoldReason.HALTED,
+                node.name,
+                f"{len(failed)} node(s) failed on {ctx.fingerprint}: {_names(failed)}; "
+                "fix or relabel them (state upgrade-required) to go on",
+            )
+        elif policy.max_parallel and in_progress >= policy.max_parallel:
+            hold(
+                HoldReason.MAX_PARALLEL,
+                node.name,
+                f"{in_progress} of at most {policy.max_parallel} node(s) in progress",
+            )
+        elif not node.unschedulable and budget < 1:
+            hold(
+                HoldReason.MAX_UNAVAILABLE,
+                node.name,
+                f"{max_unavailable - budget} of at most {max_unavailable} node(s) unavailable "
+                f"(maxUnavailable {policy.max_unavailable})",
+            )
+        else:
+            waiting = _admit(ctx, node)
+            in_progress += 1
+            budget -= 0 if node.unschedulable else 1
+            transition = _transition(ctx, node, waiting)
+            assert transition is not None
+            admitted.append(transition)
+            states[node.name] = NodeState.WAIT_FOR_JOBS_REQUIRED
+            continue
+        add(node, waiting)
+
+    # Kubelet compatibility of nodes already on DRA: now, and for a planned kubelet upgrade.
+    kubelet_holds = _kubelet_holds(ctx, selected_nodes)
+    hold_list = [Hold(reason, tuple(sorted(names)), hold_text[reason]) for reason, names in holds.items()]
+    hold_list.extend(kubelet_holds)
+    refusal_list = [
+        Refusal(reason, tuple(sorted(names)), f"{message}: nodes {_names(names)}")
+        for (reason, message), names in sorted(refusals.items())
+    ]
+    return Plan(
+        transitions=tuple(progress) + tuple(admitted),
+        holds=tuple(sorted(hold_list, key=lambda h: (h.reason.value, h.message))),
+        refusals=tuple(refusal_list),
+        states=states,
+        failed=tuple(failed),
+        target=ctx.fingerprint,
+    )
+
+
+def _admit(ctx: _Context, node: GpuNode) -> _Step:
+    """Start working on a node: remember how we found it, cordon it, wait for its jobs."""
+    annotations: dict[str, str | None] = {FAILED_TARGET_ANNOTATION: None, FAILURE_ANNOTATION: None}
+    if not node.held_by_us:  # a retry keeps what the first attempt found
+        annotations[INITIAL_UNSCHEDULABLE_ANNOTATION] = "true" if node.unschedulable else "false"
+        annotations[FROM_ANNOTATION] = str(ctx.current(node))
+    step = _Step(NodeState.WAIT_FOR_JOBS_REQUIRED, annotations=annotations, cordon=True)
+    step.message = "started: cordoned" if not node.unschedulable else "started (node was already cordoned)"
+    return _clean(step, node)
+
+
+def _under_maintenance(node: GpuNode, policy: Policy) -> bool:
+    value = node.annotations.get(policy.maintenance_annotation)
+    return value is not None and value.lower() not in ("", "false")
+
+
+def _release(ctx: _Context, node: GpuNode) -> tuple[_Step, bool] | None:
+    """A node the stack no longer selects but still marks: take everything of ours off it. The DRA plugin
+    goes only when no pod there holds a GPU claim (else those pods hang in Terminating)."""
+    if node.labels.get(STACK_LABEL) != ctx.desired.stack and ctx.desired.stack:
+        return None  # another stack's node (or nobody's): not ours to touch
+    ours = (
+        NODE_STATE_LABEL in node.labels
+        or any(label in node.labels for label in DEPLOY_LABELS.values())
+        or any(key in node.annotations for key in (INITIAL_UNSCHEDULABLE_ANNOTATION, FROM_ANNOTATION))
+        or STACK_LABEL in node.labels
+    )
+    if not ours:
+        return None
+    labels: dict[str, str | None] = {NODE_STATE_LABEL: None}
+    labels[DEPLOY_LABELS[Mode.DEVICE_PLUGIN]] = None
+    claims_wait = any(p.holds_claim for p in node.pods) and DEPLOY_LABELS[Mode.DRA] in node.labels
+    if not claims_wait:
+        labels[DEPLOY_LABELS[Mode.DRA]] = None
+        labels[STACK_LABEL] = None
+    step = _Step(None, labels=labels, message="released: no longer selected by the stack")
+    step.annotations = {
+        key: None
+        for key in (
+            STATE_SINCE_ANNOTATION,
+            INITIAL_UNSCHEDULABLE_ANNOTATION,
+            FROM_ANNOTATION,
+            FAILED_TARGET_ANNOTATION,
+            FAILURE_ANNOTATION,
+        )
+    }
+    if node.cordoned_by_us and node.unschedulable:
+        step.cordon = False
+    step = _clean(step, node)
+    step.labels = {k: v for k, v in step.labels.items() if k in node.labels}
+    return step, claims_wait
+
+
+def _kubelet_holds(ctx: _Context, nodes: list[GpuNode]) -> list[Hold]:
+    """Nodes on DRA whose running driver cannot talk to their kubelet now or after the planned upgrade."""
+    if not ctx.support:
+        return []
+    skew: dict[str, list[str]] = {}
+    blocked: dict[str, list[str]] = {}
+    minors_on_dra: set[int] = set()
+    upgrade = ctx.desired.kubelet_upgrade_minor
+    for node in nodes:
+        value = node.deploy_value(Mode.DRA)
+        minor = node.kubelet_minor
+        if value is None or minor is None:
+            continue
+        minors_on_dra.add(minor)
+        running = (
+            ctx.current(node).version
+            if ctx.current(node).mode is Mode.DRA
+            else ctx.runs_version(Mode.DRA, value)
+        )
+        support = ctx.support.get(running)
+        if support is None:
+            continue
+        if minor not in support.kubelet_minors:
+            skew.setdefault(running, []).append(node.name)
+        if upgrade is not None and upgrade not in support.kubelet_minors:
+            blocked.setdefault(running, []).append(node.name)
+    out: list[Hold] = []
+    for running, names in sorted(skew.items()):
+        fits = ctx.releases_serving(minors_on_dra)
+        out.append(
+            Hold(
+                HoldReason.KUBELET_SKEW,
+                tuple(sorted(names)),
+                f"DRA driver {running} cannot talk to the kubelet on nodes {_names(names)}; "
+                + (f"upgrade the driver to {fits[0]}" if fits else "no release serves all kubelets in use"),
+            )
+        )
+    for running, names in sorted(blocked.items()):
+        fits = ctx.releases_serving(minors_on_dra | {upgrade} if upgrade is not None else minors_on_dra)
+        out.append(
+            Hold(
+                HoldReason.KUBELET_UPGRADE,
+                tuple(sorted(names)),
+                f"do not upgrade kubelets on nodes {_names(names)} to 1.{upgrade} yet: DRA driver {running} "
+                "cannot talk to it; "
+                + (
+                    f"first upgrade the driver to {fits[0]}, which serves both"
+                    if fits
+                    else "no release serves both"
+                ),
+            )
+        )
+    return out

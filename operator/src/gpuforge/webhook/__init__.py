@@ -1,0 +1,1 @@
+"""The GpuQuota admission webhook: HTTPS server, its certificates and its webhook configurations."""

@@ -1,0 +1,333 @@
+"""The usage controller: keeps every GpuQuota's status true to the workloads that exist.
+
+On workload and GpuQuota events (debounced) and on a full resync (default every 5 minutes) it lists the
+labelled workloads, recomputes `used`/`selfUsed` with the pure core (releasing reservations of requests
+that failed), accrues `cash/` budgets from the run time of pods since `lastReconcileTime`, and writes
+status with a resourceVersion precondition. When a budget becomes spent it records an Event and sets the
+budget metric; running pods are left alone, new workloads are denied by the webhook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import aiohttp
+
+from gpuforge.api.gpuquota import (
+    CONDITION_BUDGET_EXHAUSTED,
+    KIND,
+    REASON_BUDGET_EXHAUSTED,
+    GpuQuota,
+    is_cash_key,
+)
+from gpuforge.constants import QUOTA_LABEL
+from gpuforge.k8s.quota import ApiError, Conflict, QuotaApi
+from gpuforge.quota.convert import QuotaSpecError, quota_from_object, status_to_object
+from gpuforge.quota.reconcile import (
+    DEFAULT_RESERVATION_TTL,
+    PodRun,
+    accrue,
+    children_of,
+    pod_run_window,
+    recompute_status,
+    status_differs,
+)
+from gpuforge.quota.usage import (
+    WORKLOAD_KINDS,
+    ClaimCatalog,
+    WorkloadError,
+    WorkloadUsage,
+    claim_usage,
+    generation_of,
+    gpu_model_of,
+    is_controlled_by_workload,
+    labels_of,
+    pod_template,
+    pod_usage,
+    workload_ref,
+    workload_usage,
+)
+from gpuforge.webhook import metrics
+from gpuforge.webhook.admission import Clock, utc_now
+
+log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+
+def _key(obj: Obj, kind: str | None = None) -> tuple[str, str, str]:
+    metadata = obj.get("metadata") or {}
+    return (
+        kind or str(obj.get("kind")),
+        str(metadata.get("namespace") or ""),
+        str(metadata.get("name") or ""),
+    )
+
+
+def _controller_owner(obj: Obj) -> tuple[str, str] | None:
+    for owner in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if owner.get("controller"):
+            return str(owner.get("kind")), str(owner.get("name"))
+    return None
+
+
+@dataclass
+class Snapshot:
+    """What exists, as far as quotas care: labelled workloads, their claims, and their pods."""
+
+    workloads: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
+    catalogs: dict[str, ClaimCatalog] = field(default_factory=dict)
+    owned: dict[tuple[str, str, str], Obj] = field(default_factory=dict)  # ReplicaSets and Jobs of workloads
+    pods: list[Obj] = field(default_factory=list)
+
+
+@dataclass
+class UsageController:
+    api: QuotaApi
+    clock: Clock = utc_now
+    resync_seconds: float = 300.0
+    # How often budgets accrue; a test shortens it together with `speedup`.
+    accrual_seconds: float = 60.0
+    # Wall time multiplier for budgets: 3600 makes a second of a running GPU count as one GPU-hour.
+    speedup: float = 1.0
+    reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL
+    # Events within this window are handled by one recompute (a burst of creates is one pass).
+    debounce_seconds: float = 1.0
+    _dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    # Objects seen deleted (ref -> (generation, when)), so their reservations settle without the TTL.
+    _deleted: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def poke(self) -> None:
+        self._dirty.set()
+
+    async def run(self) -> None:
+        """Reconcile forever: on events, every `accrual_seconds` if budgets exist, and every resync."""
+        watchers = [asyncio.create_task(self._watch(kind)) for kind in (*WORKLOAD_KINDS, KIND)]
+        try:
+            while True:
+                has_budgets = await self._reconcile_logged()
+                wait = min(self.resync_seconds, self.accrual_seconds) if has_budgets else self.resync_seconds
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._dirty.wait(), timeout=wait)
+                await asyncio.sleep(self.debounce_seconds)
+                self._dirty.clear()
+        finally:
+            for task in watchers:
+                task.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def _reconcile_logged(self) -> bool:
+        try:
+            return await self.reconcile_all()
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            metrics.RECONCILES.labels("error").inc()
+            log.warning("usage reconcile failed, retrying soon: %s", error)
+            await asyncio.sleep(1.0)
+            self.poke()
+            return True
+
+    async def _watch(self, kind: str) -> None:
+        selector = None if kind == KIND else QUOTA_LABEL
+        while True:
+            try:
+                _, version = await self.api.list_with_version(kind, label_selector=selector)
+                seen: dict[str, tuple[int, str]] = {}
+                async for event in self.api.watch(kind, version, selector):
+                    kind_of_event, obj = event.get("type"), event.get("object") or {}
+                    if kind_of_event == "BOOKMARK":
+                        continue
+                    _, namespace, name = _key(obj, kind)
+                    ref = workload_ref(kind, namespace, name)
+                    if kind_of_event == "DELETED":
+                        seen.pop(ref, None)
+                        loop = asyncio.get_running_loop()
+                        self._deleted[ref] = (generation_of(obj), loop.time())
+                        self.poke()
+                        continue
+                    # Status-only updates (a Deployment's ready count, our own status writes) change
+                    # nothing quotas count; only spec (generation) and the quota label do.
+                    state = (generation_of(obj), str(labels_of(obj).get(QUOTA_LABEL) or ""))
+                    if seen.get(ref) != state:
+                        seen[ref] = state
+                        self.poke()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # a watch that ends or fails is simply started again
+                log.debug("watch of %s ended: %s", kind, error)
+                await asyncio.sleep(1.0)
+
+    async def snapshot(self, need_pods: bool) -> Snapshot:
+        snap = Snapshot()
+        lists = await asyncio.gather(
+            *(self.api.list_objects(kind, label_selector=QUOTA_LABEL) for kind in WORKLOAD_KINDS)
+        )
+        for kind, items in zip(WORKLOAD_KINDS, lists, strict=True):
+            for item in items:
+                if not is_controlled_by_workload(item):
+                    snap.workloads[_key(item, kind)] = {**item, "kind": kind}
+        namespaces = sorted({namespace for _, namespace, _ in snap.workloads})
+        for namespace in namespaces:
+            snap.catalogs[namespace] = await self._catalog(namespace)
+        if need_pods:
+            for namespace in namespaces:
+                pods, replica_sets, jobs = await asyncio.gather(
+                    self.api.list_objects("Pod", namespace),
+                    self.api.list_objects("ReplicaSet", namespace),
+                    self.api.list_objects("Job", namespace),
+                )
+                snap.pods.extend(pods)
+                for item in (*replica_sets, *jobs):
+                    snap.owned[_key(item)] = item
+        return snap
+
+    async def _catalog(self, namespace: str) -> ClaimCatalog:
+        try:
+            templates = await self.api.list_claims(namespace, "resourceclaimtemplates")
+            claims = await self.api.list_claims(namespace, "resourceclaims")
+        except ApiError:  # an API server without resource.k8s.io
+            return ClaimCatalog()
+
+        def usage(items: Sequence[Obj], nested: bool) -> dict[str, Any]:
+            result = {}
+            for item in items:
+                spec = item.get("spec") or {}
+                try:
+                    result[str(item["metadata"]["name"])] = claim_usage(
+                        spec.get("spec") or {} if nested else spec
+                    )
+                except WorkloadError:
+                    continue
+            return result
+
+        return ClaimCatalog(templates=usage(templates, True), claims=usage(claims, False))
+
+    def _root(self, snap: Snapshot, obj: Obj) -> Obj | None:
+        """The labelled workload a pod belongs to, following controller owners (Pod -> RS -> Deployment)."""
+        current, namespace = obj, str((obj.get("metadata") or {}).get("namespace") or "")
+        for _ in range(4):
+            key = _key(current)
+            if key in snap.workloads:
+                return snap.workloads[key]
+            owner = _controller_owner(current)
+            if owner is None:
+                return None
+            kind, name = owner
+            nxt = snap.workloads.get((kind, namespace, name)) or snap.owned.get((kind, namespace, name))
+            if nxt is None:
+                return None
+            current = {**nxt, "kind": kind}
+        return None
+
+    def _runs(self, snap: Snapshot) -> dict[str, list[PodRun]]:
+        runs: dict[str, list[PodRun]] = {}
+        for pod in snap.pods:
+            root = self._root(snap, {**pod, "kind": "Pod"})
+            if root is None:
+                continue
+            quota = str(labels_of(root).get(QUOTA_LABEL) or "")
+            started, finished = pod_run_window(pod)
+            if not quota or started is None:
+                continue
+            namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+            try:
+                per_pod, _ = pod_usage(
+                    pod.get("spec") or {},
+                    gpu_model=gpu_model_of(root, pod_template(root)),
+                    catalog=snap.catalogs.get(namespace),
+                    strict_claims=False,
+                )
+            except WorkloadError:
+                continue
+            runs.setdefault(quota, []).append(PodRun(per_pod, started, finished))
+        return runs
+
+    async def reconcile_all(self) -> bool:
+        """Recompute every quota once. Returns whether any quota has a budget (accrual needs ticks)."""
+        raw_quotas = await self.api.list_quotas()
+        quotas: list[GpuQuota] = []
+        for raw in raw_quotas:
+            try:
+                quotas.append(quota_from_object(raw))
+            except QuotaSpecError as error:
+                log.warning(
+                    "skipping invalid GpuQuota %s: %s", (raw.get("metadata") or {}).get("name"), error
+                )
+        has_budgets = any(is_cash_key(key) for quota in quotas for key in quota.hard)
+        snap = await self.snapshot(need_pods=has_budgets)
+        usages: dict[str, list[WorkloadUsage]] = {}
+        for (_, namespace, _), obj in snap.workloads.items():
+            try:
+                usage = workload_usage(obj, snap.catalogs.get(namespace), strict_claims=False)
+            except WorkloadError as error:
+                log.warning("cannot count %s/%s: %s", obj.get("kind"), _key(obj)[2], error)
+                continue
+            usages.setdefault(usage.quota, []).append(usage)
+        runs = self._runs(snap) if has_budgets else {}
+        horizon = asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds()
+        self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[1] > horizon}
+        children = children_of(quotas)
+        for quota in quotas:
+            await self._write(
+                quota, children.get(quota.name, []), usages.get(quota.name, []), runs.get(quota.name, [])
+            )
+        return has_budgets
+
+    async def _write(
+        self, quota: GpuQuota, children: list[GpuQuota], usages: list[WorkloadUsage], runs: list[PodRun]
+    ) -> None:
+        for _ in range(5):
+            now = self.clock()
+            since = quota.status.last_reconcile_time or now
+            accrued = accrue(runs, since, now, self.speedup) if runs else {}
+            deleted = {ref: generation for ref, (generation, _) in self._deleted.items()}
+            status = recompute_status(quota, children, usages, accrued, now, self.reservation_ttl, deleted)
+            budgets = any(is_cash_key(key) for key in quota.hard)
+            if not budgets and not status_differs(quota.status, status):
+                metrics.RECONCILES.labels("unchanged").inc()
+                self._export(quota.name, quota.hard, status.used)
+                return
+            try:
+                await self.api.replace_quota_status(
+                    quota.name, quota.resource_version, status_to_object(status)
+                )
+            except Conflict:
+                metrics.STATUS_CONFLICTS.labels("controller").inc()
+                raw = await self.api.get_quota(quota.name)
+                if raw is None:
+                    return
+                quota = quota_from_object(raw)
+                continue
+            metrics.RECONCILES.labels("written").inc()
+            self._export(quota.name, quota.hard, status.used)
+            await self._announce_budget(quota, status.conditions)
+            return
+        log.warning("GpuQuota %s: status kept changing under the controller; next resync retries", quota.name)
+
+    def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:
+        for key, amount in hard.items():
+            metrics.QUOTA_HARD.labels(name, key).set(float(amount))
+            metrics.QUOTA_USED.labels(name, key).set(float(used.get(key, Decimal(0))))
+            if is_cash_key(key):
+                metrics.BUDGET_EXHAUSTED.labels(name, key).set(
+                    1.0 if used.get(key, Decimal(0)) >= amount else 0.0
+                )
+
+    async def _announce_budget(self, before: GpuQuota, conditions: Sequence[Any]) -> None:
+        was = next(
+            (c.status for c in before.status.conditions if c.type == CONDITION_BUDGET_EXHAUSTED), "False"
+        )
+        now = next((c for c in conditions if c.type == CONDITION_BUDGET_EXHAUSTED), None)
+        if now is not None and now.status == "True" and was != "True":
+            await self.api.record_event(
+                quota_name=before.name,
+                quota_uid=before.uid,
+                reason=REASON_BUDGET_EXHAUSTED,
+                message=f"Budget spent; {now.message}. Running workloads keep running.",
+            )

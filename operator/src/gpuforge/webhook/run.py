@@ -1,0 +1,144 @@
+"""`gpuforge webhook run`: wire the HTTPS server, the usage controller and (optionally) registration.
+
+With `--register` the webhook serves on loopback with a CA it generates, registers its own
+ValidatingWebhookConfigurations (a `url` client config and that CA as caBundle) and removes them when it
+stops, so a local control plane whose pods do not really run can call a webhook on the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuforge.k8s.quota import QuotaApi
+from gpuforge.webhook.admission import AdmissionHandlers, Clock, utc_now
+from gpuforge.webhook.certs import generate_ca, issue_serving_cert
+from gpuforge.webhook.controller import UsageController
+from gpuforge.webhook.manifests import ClientTarget, FailurePolicy, render_webhook_configurations
+from gpuforge.webhook.server import CertReloader, make_app, serving
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WebhookOptions:
+    host: str = "127.0.0.1"
+    port: int = 8443
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    ca_file: Path | None = None  # the CA to put in caBundle when registering with given certificates
+    kubeconfig: Path | None = None
+    register: bool = False
+    name: str = "gpuforge-quota"
+    failure_policy: FailurePolicy = "Fail"
+    timeout_seconds: int = 5
+    controller: bool = True
+    resync_seconds: float = 300.0
+    accrual_seconds: float = 60.0
+    speedup: float = 1.0
+    cert_check_seconds: float = 5.0
+    crd_file: Path | None = None
+
+
+@dataclass
+class RunningWebhook:
+    port: int
+    url: str
+    ca_bundle: bytes
+    api: QuotaApi
+    controller: UsageController | None
+
+
+def _self_signed(directory: Path, host: str, clock: Clock) -> tuple[Path, Path, bytes]:
+    ca = generate_ca(clock())
+    pair = issue_serving_cert(ca, [host, "localhost"], clock())
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    cert.write_bytes(pair.cert_pem)
+    key.write_bytes(pair.key_pem)
+    key.chmod(0o600)
+    return cert, key, ca.cert_pem
+
+
+async def apply_crd(api: QuotaApi, path: Path) -> None:
+    document: dict[str, Any] = yaml.safe_load(path.read_text())
+    await api.apply_object(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", document["metadata"]["name"], document
+    )
+    await api.wait_crd_established(document["metadata"]["name"])
+
+
+@contextlib.asynccontextmanager
+async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> AsyncIterator[RunningWebhook]:
+    """Serve, reconcile and (optionally) register until the block exits; then unregister."""
+    api = QuotaApi.from_kubeconfig(options.kubeconfig)
+    with tempfile.TemporaryDirectory(prefix="gpuforge-webhook-") as scratch:
+        if options.cert_file and options.key_file:
+            cert, key = options.cert_file, options.key_file
+            ca_bundle = options.ca_file.read_bytes() if options.ca_file else cert.read_bytes()
+        else:
+            cert, key, ca_bundle = _self_signed(Path(scratch), options.host, clock)
+        reloader = CertReloader(cert, key, options.cert_check_seconds)
+        handlers = AdmissionHandlers(api, clock)
+        controller = (
+            UsageController(
+                api,
+                clock,
+                resync_seconds=options.resync_seconds,
+                accrual_seconds=options.accrual_seconds,
+                speedup=options.speedup,
+            )
+            if options.controller
+            else None
+        )
+        registered: list[str] = []
+        controller_task: asyncio.Task[None] | None = None
+        try:
+            if options.crd_file is not None:
+                await apply_crd(api, options.crd_file)
+            async with serving(make_app(handlers), options.host, options.port, reloader) as port:
+                url = f"https://{options.host}:{port}"
+                if options.register:
+                    target = ClientTarget(ca_bundle=ca_bundle, url=url)
+                    for configuration in render_webhook_configurations(
+                        target,
+                        name=options.name,
+                        failure_policy=options.failure_policy,
+                        timeout_seconds=options.timeout_seconds,
+                    ):
+                        await api.apply_webhook_configuration(configuration)
+                        registered.append(configuration["metadata"]["name"])
+                    log.info("registered %s -> %s", ", ".join(registered), url)
+                if controller is not None:
+                    controller_task = asyncio.create_task(controller.run())
+                yield RunningWebhook(port, url, ca_bundle, api, controller)
+        finally:
+            if controller_task is not None:
+                controller_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await controller_task
+            for name in registered:
+                try:
+                    await api.delete_webhook_configuration(name)
+                except Exception as error:
+                    log.warning("could not remove ValidatingWebhookConfiguration %s: %s", name, error)
+            await api.close()
+
+
+async def run_until_signalled(options: WebhookOptions) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with running_webhook(options) as webhook:
+        log.info("GpuQuota webhook serving on %s", webhook.url)
+        print(f"serving on {webhook.url}", flush=True)
+        await stop.wait()

@@ -1,0 +1,151 @@
+"""The HTTPS server of the quota webhook (aiohttp): AdmissionReview endpoints, metrics, health, and
+serving-certificate reload without a restart.
+
+Endpoints: POST /validate-workloads, /validate-scale, /validate-gpuquotas; GET /metrics, /healthz.
+A body that is not a well-formed AdmissionReview (or is too large) gets HTTP 400 and one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpuforge.quota.admission import Allowed, Decision, Denied
+from gpuforge.webhook import metrics
+from gpuforge.webhook.admission import AdmissionHandlers, safely
+from gpuforge.webhook.manifests import QUOTAS_PATH, SCALE_PATH, WORKLOADS_PATH
+from gpuforge.webhook.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review, review_response
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[AdmissionRequest], Awaitable[Decision]]
+
+
+def _result(decision: Decision) -> str:
+    if isinstance(decision, Allowed):
+        return "allowed"
+    if decision.reason in ("Invalid", "NotFound"):
+        return "invalid"
+    if decision.code >= 500:
+        return "error"
+    return "denied"
+
+
+def make_app(handlers: AdmissionHandlers) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES + 1)
+
+    def endpoint(name: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def serve(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            try:
+                if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+                    raise BadReview(f"body of {request.content_length} bytes is larger than {MAX_BODY_BYTES}")
+                body = await request.content.read(MAX_BODY_BYTES + 1)
+                review = parse_review(body)
+            except BadReview as error:
+                metrics.BAD_REVIEWS.inc()
+                log.warning("400 on %s from %s: %s", request.path, request.remote, error)
+                return web.json_response({"error": str(error)}, status=400)
+            decision = await safely(handler, review)
+            if isinstance(decision, Denied):
+                if decision.key.startswith("cash/"):
+                    metrics.BUDGET_DENIALS.labels(decision.quota, decision.key).inc()
+                response = review_response(review, False, decision.message, decision.code, decision.reason)
+            else:
+                response = review_response(review, True)
+            metrics.ADMISSIONS.labels(name, _result(decision)).inc()
+            metrics.ADMISSION_LATENCY.labels(name).observe(time.perf_counter() - started)
+            return web.Response(text=json.dumps(response), content_type="application/json")
+
+        return serve
+
+    async def metrics_endpoint(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app.router.add_post(WORKLOADS_PATH, endpoint("workloads", handlers.workloads))
+    app.router.add_post(SCALE_PATH, endpoint("scale", handlers.scale))
+    app.router.add_post(QUOTAS_PATH, endpoint("gpuquotas", handlers.quotas))
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", healthz)
+    return app
+
+
+@dataclass
+class CertReloader:
+    """An SSLContext whose certificate follows the files: new handshakes use the new certificate.
+
+    Secrets mounted in a pod are swapped by symlink; stat() follows it, so mtime and size changes of
+    either file trigger a reload. A half-written pair fails to load and is retried on the next poll.
+    """
+
+    cert_file: Path
+    key_file: Path
+    interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.context.load_cert_chain(self.cert_file, self.key_file)
+        self._seen = self._fingerprint()
+
+    def _fingerprint(self) -> tuple[float, int, float, int]:
+        cert, key = os.stat(self.cert_file), os.stat(self.key_file)
+        return (cert.st_mtime, cert.st_size, key.st_mtime, key.st_size)
+
+    def reload_if_changed(self) -> bool:
+        try:
+            current = self._fingerprint()
+        except OSError:
+            return False
+        if current == self._seen:
+            return False
+        try:
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as error:
+            log.warning("new serving certificate not loadable yet: %s", error)
+            return False
+        self._seen = current
+        metrics.CERT_RELOADS.inc()
+        log.info("reloaded serving certificate from %s", self.cert_file)
+        return True
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.reload_if_changed()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, host: str, port: int, reloader: CertReloader) -> AsyncIterator[int]:
+    """Serve `app` over TLS until the block exits; yields the bound port (0 picks a free one)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=reloader.context, backlog=512)
+    await site.start()
+    watcher = asyncio.create_task(reloader.watch())
+    try:
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        bound = sockets[0].getsockname()[1] if sockets else port
+        yield int(bound)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await runner.cleanup()

@@ -1,0 +1,214 @@
+"""Fixtures for the GpuQuota integration tests: the webhook as a real process on the host, registered
+with the local control plane (whose API server calls it over TLS), and helpers to create workloads.
+
+`dev_cluster` and `namespace` come from the gpuforge.testing pytest plugin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+REPO = Path(__file__).resolve().parents[4]
+CRD = REPO / "operator" / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"
+GPU = "requests.nvidia.com/gpu"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class WebhookProcess:
+    """`gpuforge webhook run --register` as a child process; restartable on the same port."""
+
+    def __init__(self, kubeconfig: Path, log_dir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.port = _free_port()
+        self.log_dir = log_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.log_dir / f"webhook-{self.starts}.log").open("wb")
+        command = [
+            sys.executable,
+            "-m",
+            "gpuforge",
+            "webhook",
+            "run",
+            "--register",
+            "--port",
+            str(self.port),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--crd",
+            str(CRD),
+            "--name",
+            "gpuforge-quota-test",
+            "--resync",
+            "5",
+            "--accrual",
+            "1",
+            "--speedup",
+            "3600",
+            "--timeout",
+            "10",
+        ]
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"webhook exited: {(self.log_dir / f'webhook-{self.starts}.log').read_text()}"
+                )
+            if b"serving on" in (self.log_dir / f"webhook-{self.starts}.log").read_bytes():
+                return
+            time.sleep(0.1)
+        raise RuntimeError("webhook did not start in 60 s")
+
+    def stop(self, *, crash: bool = False) -> None:
+        """SIGTERM unregisters; a crash (SIGKILL) leaves the configurations, so requests fail closed."""
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
+        self.process.wait(timeout=30)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop(crash=True)
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def quota_webhook(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+    webhook = WebhookProcess(Path(dev_cluster.kubeconfig), tmp_path_factory.mktemp("quota-webhook"))
+    webhook.start()
+    yield webhook
+    webhook.stop()
+
+
+@pytest.fixture(scope="session")
+def api_client(dev_cluster: Any) -> client.ApiClient:
+    api: client.ApiClient = dev_cluster.api_client()
+    api.configuration.connection_pool_maxsize = 64
+    return api
+
+
+class Quotas:
+    """Create GpuQuotas with names unique to one test, and read their status."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.prefix = f"q{uuid.uuid4().hex[:6]}"
+        self.created: list[str] = []
+
+    def name(self, short: str) -> str:
+        return f"{self.prefix}-{short}"
+
+    def create(self, short: str, hard: dict[str, Any], parent: str = "") -> dict[str, Any]:
+        body = {
+            "apiVersion": "gpuforge.io/v1alpha1",
+            "kind": "GpuQuota",
+            "metadata": {"name": self.name(short)},
+            "spec": {
+                "parent": self.name(parent) if parent else "",
+                "hard": {k: str(v) for k, v in hard.items()},
+            },
+        }
+        result: dict[str, Any] = self.custom.create_cluster_custom_object(
+            "gpuforge.io", "v1alpha1", "gpuquotas", body
+        )
+        self.created.append(self.name(short))
+        return result
+
+    def get(self, short: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.custom.get_cluster_custom_object(
+            "gpuforge.io", "v1alpha1", "gpuquotas", self.name(short)
+        )
+        return result
+
+    def patch(self, short: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.custom.patch_cluster_custom_object(
+            "gpuforge.io", "v1alpha1", "gpuquotas", self.name(short), body
+        )
+        return result
+
+    def delete(self, short: str) -> None:
+        self.custom.delete_cluster_custom_object("gpuforge.io", "v1alpha1", "gpuquotas", self.name(short))
+
+    def used(self, short: str, key: str = GPU) -> str:
+        return str(((self.get(short).get("status") or {}).get("used") or {}).get(key, "0"))
+
+    def cleanup(self) -> None:
+        for name in reversed(self.created):  # leaves first
+            with contextlib.suppress(client.ApiException):
+                self.custom.delete_cluster_custom_object("gpuforge.io", "v1alpha1", "gpuquotas", name)
+
+
+@pytest.fixture
+def quotas(api_client: client.ApiClient, quota_webhook: WebhookProcess) -> Iterator[Quotas]:
+    helper = Quotas(api_client)
+    yield helper
+    helper.cleanup()
+
+
+def deployment(name: str, quota: str, gpus: int = 1, replicas: int = 1, model: str = "") -> dict[str, Any]:
+    labels = {"gpuforge.io/quota": quota}
+    if model:
+        labels["gpuforge.io/gpu-model"] = model
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.example/work:1",
+                            "resources": {
+                                "requests": {"cpu": "100m"},
+                                "limits": {"nvidia.com/gpu": str(gpus)},
+                            },
+                        }
+                    ],
+                    "tolerations": [{"operator": "Exists"}],
+                },
+            },
+        },
+    }
+
+
+def wait_for(
+    predicate: Any, timeout: float = 30.0, interval: float = 0.2, message: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def kubectl(dev_cluster: Any) -> list[str]:
+    path = getattr(dev_cluster, "kubectl_path", None) or os.environ.get("KUBECTL", "kubectl")
+    return [str(path), f"--kubeconfig={dev_cluster.kubeconfig}"]

@@ -1,0 +1,238 @@
+from dataclasses import replace
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuforge.api.gpuquota import GpuQuota, GpuQuotaStatus
+from gpuforge.quota.admission import (
+    Allowed,
+    Denied,
+    WorkloadAsk,
+    admit_many,
+    admit_quota_create,
+    admit_quota_delete,
+    admit_quota_update,
+    admit_workload,
+)
+from gpuforge.quota.quantity import parse_quantity
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+GPU = "requests.nvidia.com/gpu"
+H100 = f"{GPU}.H100"
+D = Decimal
+
+
+def q(value: int | str) -> Decimal:
+    return parse_quantity(value)
+
+
+def quota(
+    name: str, hard: dict[str, int | str], used: dict[str, int | str] | None = None, parent: str = ""
+) -> GpuQuota:
+    return GpuQuota(
+        name=name,
+        parent=parent,
+        hard={k: q(v) for k, v in hard.items()},
+        status=GpuQuotaStatus(used={k: q(v) for k, v in (used or {}).items()}),
+    )
+
+
+def ask(delta: dict[str, int | str], uid: str = "u1", workload: str = "Deployment/ns/w") -> WorkloadAsk:
+    values = {k: q(v) for k, v in delta.items()}
+    return WorkloadAsk(uid=uid, workload=workload, delta=values, expected=values)
+
+
+@pytest.mark.parametrize(
+    ("hard", "used", "delta", "allowed"),
+    [
+        ({GPU: 16}, {GPU: 15}, {GPU: 1}, True),
+        ({GPU: 16}, {GPU: 16}, {GPU: 1}, False),
+        ({GPU: 16}, {}, {GPU: 17}, False),
+        ({GPU: 16}, {}, {"requests.cpu": 100}, True),  # keys the quota does not hold are unlimited
+        ({GPU: 8}, {GPU: 10}, {GPU: 1}, False),  # hard lowered below used: nothing more
+        ({GPU: 8}, {GPU: 10}, {"requests.cpu": 1}, True),  # ... unless it does not touch that key
+        ({GPU: 10, H100: 4}, {GPU: 4, H100: 4}, {GPU: 1, H100: 1}, False),  # model quota full
+        ({GPU: 10, H100: 4}, {GPU: 4, H100: 4}, {GPU: 6}, True),  # other models still fit the generic key
+        ({GPU: 10, H100: 4}, {GPU: 10, H100: 4}, {GPU: 1}, False),
+        ({"requests.cpu": "1"}, {"requests.cpu": "700m"}, {"requests.cpu": "300m"}, True),  # exact decimals
+        ({"requests.cpu": "1"}, {"requests.cpu": "700m"}, {"requests.cpu": "301m"}, False),
+        ({GPU: 4, f"cash/{GPU}": 100}, {f"cash/{GPU}": 100}, {GPU: 1}, False),  # budget spent
+        ({GPU: 4, f"cash/{GPU}": 100}, {f"cash/{GPU}": 100}, {"requests.cpu": 1}, True),  # not a GPU workload
+        ({GPU: 4, f"cash/{GPU}": 100}, {f"cash/{GPU}": "99.9"}, {GPU: 1}, True),
+    ],
+)
+def test_workload_admission(
+    hard: dict[str, int], used: dict[str, int], delta: dict[str, int], allowed: bool
+) -> None:
+    decision = admit_workload(quota("team", hard, used), ask(delta), NOW)
+    assert isinstance(decision, Allowed) is allowed
+
+
+def test_denial_names_quota_key_asked_and_left() -> None:
+    decision = admit_workload(quota("team-a", {GPU: 16}, {GPU: 15}), ask({GPU: 2}), NOW)
+    assert isinstance(decision, Denied)
+    assert (decision.quota, decision.key, decision.asked, decision.left) == ("team-a", GPU, 2, 1)
+    assert decision.message == (
+        'GpuQuota "team-a": Deployment ns/w asks requests.nvidia.com/gpu=2 but only 1 is left (15 of 16 used)'
+    )
+
+
+def test_budget_denial_says_spent() -> None:
+    decision = admit_workload(quota("t", {f"cash/{GPU}": 10}, {f"cash/{GPU}": 12}), ask({GPU: 1}), NOW)
+    assert isinstance(decision, Denied)
+    assert "budget cash/requests.nvidia.com/gpu is spent" in decision.message
+
+
+def test_allowed_reserves_usage() -> None:
+    decision = admit_workload(quota("t", {GPU: 16}, {GPU: 3}), ask({GPU: 2, "requests.cpu": 4}), NOW)
+    assert isinstance(decision, Allowed) and decision.status is not None
+    assert decision.status.used == {GPU: 5}
+    assert decision.status.self_used == {GPU: 2}
+    (reservation,) = decision.status.reservations
+    assert reservation.workload == "Deployment/ns/w"
+    assert reservation.delta == {GPU: 2}
+
+
+def test_nothing_to_charge_writes_nothing() -> None:
+    decision = admit_workload(quota("t", {GPU: 16}), ask({"requests.cpu": 4}), NOW)
+    assert decision == Allowed(quota="t")
+
+
+def test_batch_of_asks_stops_at_hard() -> None:
+    _, decisions = admit_many(quota("t", {GPU: 16}), [ask({GPU: 1}, uid=str(i)) for i in range(50)], NOW)
+    assert sum(isinstance(d, Allowed) for d in decisions) == 16
+
+
+# --- tree rules --------------------------------------------------------------------------------
+
+
+ROOT = quota("org", {GPU: 16, "requests.cpu": 64}, {GPU: 10, "requests.cpu": 4})
+
+
+@pytest.mark.parametrize(
+    ("child", "parent", "allowed", "message"),
+    [
+        (quota("root2", {GPU: 8}), None, True, ""),
+        (quota("a", {GPU: 6, "requests.cpu": 8}, parent="org"), ROOT, True, ""),
+        (
+            quota("a", {GPU: 7, "requests.cpu": 8}, parent="org"),
+            ROOT,
+            False,
+            "asks requests.nvidia.com/gpu=7",
+        ),
+        (quota("a", {GPU: 1}, parent="org"), ROOT, False, "missing: requests.cpu"),
+        (quota("a", {GPU: 1, "requests.cpu": 1, H100: 1}, parent="org"), ROOT, True, ""),  # extra keys fine
+        (
+            quota("a", {GPU: 1, "requests.cpu": 1}, parent="nope"),
+            None,
+            False,
+            'parent GpuQuota "nope" does not exist',
+        ),
+        (quota("a", {GPU: 1}, parent="a"), None, False, "own parent"),
+    ],
+)
+def test_create(child: GpuQuota, parent: GpuQuota | None, allowed: bool, message: str) -> None:
+    decision = admit_quota_create(child, parent, "uid", NOW)
+    assert isinstance(decision, Allowed) is allowed
+    if message:
+        assert isinstance(decision, Denied) and message in decision.message
+
+
+def test_create_carves_from_parent() -> None:
+    decision = admit_quota_create(quota("a", {GPU: 6, "requests.cpu": 8}, parent="org"), ROOT, "uid", NOW)
+    assert isinstance(decision, Allowed) and decision.status is not None
+    assert decision.quota == "org"
+    assert decision.status.used == {GPU: 16, "requests.cpu": 12}
+    assert decision.status.self_used == {}  # a child's hard is not the parent's own usage
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "allowed", "carved"),
+    [
+        ({GPU: 4, "requests.cpu": 8}, {GPU: 10, "requests.cpu": 8}, True, {GPU: 16, "requests.cpu": 4}),
+        ({GPU: 4, "requests.cpu": 8}, {GPU: 11, "requests.cpu": 8}, False, None),
+        ({GPU: 4, "requests.cpu": 8}, {GPU: 1, "requests.cpu": 8}, True, None),  # lowering: always
+        ({GPU: 4, "requests.cpu": 8}, {GPU: 4}, False, None),  # dropping a parent key
+    ],
+)
+def test_update(
+    old: dict[str, int], new: dict[str, int], allowed: bool, carved: dict[str, int] | None
+) -> None:
+    decision = admit_quota_update(
+        quota("a", old, parent="org"), quota("a", new, parent="org"), ROOT, "uid", NOW
+    )
+    assert isinstance(decision, Allowed) is allowed
+    if carved is not None:
+        assert isinstance(decision, Allowed) and decision.status is not None
+        assert decision.status.used == {k: D(v) for k, v in carved.items()}
+
+
+def test_parent_is_immutable() -> None:
+    decision = admit_quota_update(
+        quota("a", {GPU: 1}, parent="org"), quota("a", {GPU: 1}, parent="x"), None, "u", NOW
+    )
+    assert isinstance(decision, Denied) and "spec.parent is immutable" in decision.message
+
+
+def test_only_leaves_are_deleted() -> None:
+    assert isinstance(admit_quota_delete(ROOT, ["a", "b"]), Denied)
+    assert isinstance(admit_quota_delete(ROOT, []), Allowed)
+
+
+# --- property: any sequence of admissions keeps every level within hard ------------------------
+
+KEYS = [GPU, H100, "requests.cpu"]
+
+
+@st.composite
+def operations(draw: st.DrawFn) -> list[tuple[str, int, dict[str, int]]]:
+    ops = []
+    for _ in range(draw(st.integers(1, 40))):
+        kind = draw(st.sampled_from(["child", "grow", "work"]))
+        target = draw(st.integers(0, 5))
+        amounts = {key: draw(st.integers(0, 9)) for key in KEYS}
+        ops.append((kind, target, amounts))
+    return ops
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations(), st.integers(0, 40), st.integers(0, 8))
+def test_admissions_never_exceed_hard_at_any_level(
+    ops: list[tuple[str, int, dict[str, int]]], root_gpus: int, root_h100: int
+) -> None:
+    tree: dict[str, GpuQuota] = {"q0": quota("q0", {GPU: root_gpus, H100: root_h100, "requests.cpu": 30})}
+    for index, (kind, target, amounts) in enumerate(ops):
+        names = sorted(tree)
+        name = names[target % len(names)]
+        asked = {k: D(v) for k, v in amounts.items()}
+        if kind == "child":
+            child = GpuQuota(name=f"q{len(tree)}", parent=name, hard=asked)
+            decision = admit_quota_create(child, tree[name], str(index), NOW)
+            if isinstance(decision, Allowed):
+                if decision.status is not None:
+                    tree[name] = replace(tree[name], status=decision.status)
+                tree[child.name] = child
+        elif kind == "grow" and tree[name].parent:
+            old = tree[name]
+            new = replace(old, hard={k: old.hard[k] + asked[k] for k in old.hard})
+            decision = admit_quota_update(old, new, tree[old.parent], str(index), NOW)
+            if isinstance(decision, Allowed):
+                if decision.status is not None:
+                    tree[old.parent] = replace(tree[old.parent], status=decision.status)
+                tree[name] = replace(new, status=tree[name].status)
+        else:
+            decision = admit_workload(tree[name], ask(amounts, uid=str(index)), NOW)
+            if isinstance(decision, Allowed) and decision.status is not None:
+                tree[name] = replace(tree[name], status=decision.status)
+        for node in tree.values():
+            children = [c for c in tree.values() if c.parent == node.name]
+            for key, hard in node.hard.items():
+                used = node.status.used.get(key, D(0))
+                assert used <= hard, (node.name, key)
+                # used is exactly own usage plus children's hard
+                assert used == node.status.self_used.get(key, D(0)) + sum(
+                    (c.hard.get(key, D(0)) for c in children), D(0)
+                )

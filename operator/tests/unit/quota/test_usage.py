@@ -1,0 +1,235 @@
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from gpuforge.quota.usage import (
+    ClaimCatalog,
+    WorkloadError,
+    claim_usage,
+    increase,
+    is_controlled_by_workload,
+    workload_usage,
+)
+
+GPU = "requests.nvidia.com/gpu"
+DRA = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+
+
+def container(
+    requests: dict[str, Any] | None = None, limits: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "name": "c",
+        "image": "x",
+        "resources": {"requests": requests or {}, "limits": limits or {}},
+        **extra,
+    }
+
+
+def pod_spec(
+    *containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (), **extra: Any
+) -> dict[str, Any]:
+    return {"containers": list(containers), "initContainers": list(init), **extra}
+
+
+def workload(
+    kind: str, spec: dict[str, Any], labels: dict[str, str] | None = None, **top: Any
+) -> dict[str, Any]:
+    metadata = {"name": "w", "namespace": "ns", "labels": {"gpuforge.io/quota": "team", **(labels or {})}}
+    template = {"metadata": {"labels": {"app": "w"}}, "spec": spec}
+    if kind == "Pod":
+        return {"kind": kind, "metadata": metadata, "spec": spec}
+    if kind in ("Deployment", "StatefulSet", "ReplicaSet"):
+        return {"kind": kind, "metadata": metadata, "spec": {"template": template, **top}}
+    if kind == "Job":
+        return {"kind": kind, "metadata": metadata, "spec": {"template": template, **top}}
+    return {
+        "kind": kind,
+        "metadata": metadata,
+        "spec": {"jobTemplate": {"spec": {"template": template, **top}}},
+    }
+
+
+ONE_GPU = pod_spec(container({"cpu": "500m", "memory": "1Gi"}, {"nvidia.com/gpu": 1}))
+
+
+@pytest.mark.parametrize(
+    ("kind", "top", "gpus"),
+    [
+        ("Deployment", {"replicas": 3}, 3),
+        ("Deployment", {}, 1),  # replicas default to 1
+        ("Deployment", {"replicas": 0}, 0),
+        ("StatefulSet", {"replicas": 2}, 2),
+        ("ReplicaSet", {"replicas": 4}, 4),
+        ("Job", {"parallelism": 3}, 3),
+        ("Job", {"parallelism": 5, "completions": 2}, 2),
+        ("Job", {}, 1),
+        ("CronJob", {"parallelism": 2}, 2),
+        ("Pod", {}, 1),
+    ],
+)
+def test_replicas_times_template(kind: str, top: dict[str, Any], gpus: int) -> None:
+    usage = workload_usage(workload(kind, ONE_GPU, **top)).usage
+    assert usage.get(GPU, Decimal(0)) == gpus
+    assert usage.get("limits.nvidia.com/gpu", Decimal(0)) == gpus  # requests default to limits
+    assert usage.get("requests.cpu", Decimal(0)) == Decimal("0.5") * gpus
+    assert usage.get("cpu", Decimal(0)) == Decimal("0.5") * gpus
+    assert usage.get("pods", Decimal(0)) == gpus
+
+
+@pytest.mark.parametrize(
+    ("spec", "cpu"),
+    [
+        # init containers run before the app: the larger wins
+        (pod_spec(container({"cpu": "1"}), container({"cpu": "1"}), init=(container({"cpu": "3"}),)), "3"),
+        (pod_spec(container({"cpu": "2"}), container({"cpu": "2"}), init=(container({"cpu": "3"}),)), "4"),
+        # a sidecar (restartable init container) runs alongside everything after it
+        (
+            pod_spec(
+                container({"cpu": "1"}),
+                init=(container({"cpu": "500m"}, restartPolicy="Always"), container({"cpu": "2"})),
+            ),
+            "2.5",
+        ),
+        (pod_spec(container({"cpu": "1"}), overhead={"cpu": "250m"}), "1.25"),
+        (
+            pod_spec(container({"cpu": "1"}), container({"cpu": "1"}), resources={"requests": {"cpu": "3"}}),
+            "3",
+        ),
+    ],
+)
+def test_pod_requests_like_resource_quota(spec: dict[str, Any], cpu: str) -> None:
+    assert workload_usage(workload("Pod", spec)).usage["requests.cpu"] == Decimal(cpu)
+
+
+def test_model_key_is_charged_with_the_generic_key() -> None:
+    usage = workload_usage(
+        workload("Deployment", ONE_GPU, {"gpuforge.io/gpu-model": "H100"}, replicas=2)
+    ).usage
+    assert usage[GPU] == 2
+    assert usage[f"{GPU}.H100"] == 2
+
+
+def test_model_label_on_pod_template_counts_too() -> None:
+    obj = workload("Deployment", ONE_GPU, replicas=1)
+    obj["spec"]["template"]["metadata"]["labels"]["gpuforge.io/gpu-model"] = "L4"
+    assert workload_usage(obj).usage[f"{GPU}.L4"] == 1
+
+
+V1_TEMPLATE = {
+    "devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}
+}
+
+
+@pytest.mark.parametrize(
+    ("claim", "devices"),
+    [
+        (V1_TEMPLATE, 2),
+        ({"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}, 1),
+        (
+            {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "g",
+                            "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"},
+                        }
+                    ]
+                }
+            },
+            32,
+        ),
+        (
+            {"devices": {"requests": [{"name": "g", "deviceClassName": "gpu.nvidia.com", "count": 3}]}},
+            3,
+        ),  # v1beta1
+        (
+            {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "g",
+                            "firstAvailable": [
+                                {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 4},
+                                {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 1},
+                            ],
+                        }
+                    ]
+                }
+            },
+            4,
+        ),
+    ],
+)
+def test_claim_devices(claim: dict[str, Any], devices: int) -> None:
+    assert claim_usage(claim)[DRA] == devices
+
+
+def test_job_with_claim_template_counts_devices_times_parallelism() -> None:
+    spec = pod_spec(
+        container({"cpu": "1"}), resourceClaims=[{"name": "gpus", "resourceClaimTemplateName": "two"}]
+    )
+    catalog = ClaimCatalog(templates={"two": claim_usage(V1_TEMPLATE)})
+    usage = workload_usage(workload("Job", spec, parallelism=3), catalog).usage
+    assert usage[DRA] == 6
+    assert usage["count/resourceclaims.resource.k8s.io"] == 3
+
+
+def test_shared_claim_counts_once() -> None:
+    spec = pod_spec(container({"cpu": "1"}), resourceClaims=[{"name": "gpus", "resourceClaimName": "shared"}])
+    catalog = ClaimCatalog(claims={"shared": claim_usage(V1_TEMPLATE)})
+    assert workload_usage(workload("Deployment", spec, replicas=4), catalog).usage[DRA] == 2
+
+
+def test_missing_claim_template_is_an_error_naming_it() -> None:
+    spec = pod_spec(container(), resourceClaims=[{"name": "gpus", "resourceClaimTemplateName": "nope"}])
+    with pytest.raises(WorkloadError, match="ResourceClaimTemplate 'nope' not found"):
+        workload_usage(workload("Job", spec))
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (
+            pod_spec(container({"cpu": "lots"})),
+            r"spec\.template\.spec\.containers\[0\]\.resources\.requests\.cpu",
+        ),
+        (
+            pod_spec(container(limits={"nvidia.com/gpu": "x"})),
+            r"containers\[0\]\.resources\.limits\.nvidia\.com/gpu",
+        ),
+    ],
+)
+def test_garbage_quantities_name_the_field(spec: dict[str, Any], field: str) -> None:
+    with pytest.raises(WorkloadError, match=field):
+        workload_usage(workload("Deployment", spec))
+
+
+def test_bad_replicas() -> None:
+    with pytest.raises(WorkloadError, match=r"spec\.replicas"):
+        workload_usage(workload("Deployment", ONE_GPU, replicas="three"))
+
+
+def test_scale_overrides_replicas() -> None:
+    assert workload_usage(workload("Deployment", ONE_GPU, replicas=1), replicas=7).usage[GPU] == 7
+
+
+def test_increase_counts_only_growth() -> None:
+    old = {GPU: Decimal(2), "requests.cpu": Decimal(4)}
+    new = {GPU: Decimal(3), "requests.cpu": Decimal(1), "pods": Decimal(1)}
+    assert increase(old, new) == {GPU: Decimal(1), "pods": Decimal(1)}
+
+
+@pytest.mark.parametrize(
+    ("owners", "controlled"),
+    [
+        ([{"kind": "ReplicaSet", "controller": True}], True),
+        ([{"kind": "CronJob", "controller": True}], True),
+        ([{"kind": "ReplicaSet", "controller": False}], False),
+        ([{"kind": "MyCustomThing", "controller": True}], False),
+        ([], False),
+    ],
+)
+def test_objects_of_a_workload_are_charged_to_it(owners: list[dict[str, Any]], controlled: bool) -> None:
+    assert is_controlled_by_workload({"metadata": {"ownerReferences": owners}}) is controlled

@@ -1,0 +1,234 @@
+"""Webhook pieces that need no cluster: AdmissionReview parsing (fuzzed), certificates, configurations."""
+
+import json
+import ssl
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from cryptography import x509
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuforge.k8s.quota import Credentials, QuotaApi
+from gpuforge.webhook.admission import AdmissionHandlers
+from gpuforge.webhook.certs import (
+    generate_ca,
+    issue_serving_cert,
+    needs_rotation,
+    plan_certificates,
+    service_dns_names,
+    signed_by,
+)
+from gpuforge.webhook.manifests import ClientTarget, render_webhook_configurations
+from gpuforge.webhook.review import MAX_BODY_BYTES, BadReview, parse_review
+from gpuforge.webhook.server import CertReloader, make_app
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def review(**request: Any) -> dict[str, Any]:
+    base = {
+        "uid": "u1",
+        "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+        "operation": "CREATE",
+        "namespace": "ns",
+        "name": "w",
+        "object": {"metadata": {"name": "w"}},
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {**base, **request}}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "not JSON"),
+        (b"[]", "not a JSON object"),
+        (b'{"kind": "Pod"}', "not AdmissionReview"),
+        (json.dumps({**review(), "apiVersion": "v9"}).encode(), "apiVersion"),
+        (json.dumps({**review(), "request": None}).encode(), "request is missing"),
+        (json.dumps(review(uid="")).encode(), "uid"),
+        (json.dumps(review(operation="EXPLODE")).encode(), "operation"),
+        (json.dumps(review(object=[1])).encode(), "request.object must be an object"),
+        (json.dumps(review(dryRun="yes")).encode(), "dryRun"),
+        (b"[" * 100_000, "not JSON"),
+        (b"x" * (MAX_BODY_BYTES + 1), "larger than"),
+    ],
+)
+def test_malformed_reviews(body: bytes, message: str) -> None:
+    with pytest.raises(BadReview, match=message):
+        parse_review(body)
+
+
+def test_well_formed_review() -> None:
+    request = parse_review(json.dumps(review(dryRun=True)).encode())
+    assert (request.kind, request.operation, request.dry_run, request.namespace) == (
+        "Deployment",
+        "CREATE",
+        True,
+        "ns",
+    )
+
+
+# An API client pointing nowhere: any request that needs the API fails fast, and must still be answered.
+UNREACHABLE = Credentials(server="http://127.0.0.1:9", ssl_context=False, headers={})
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+near_reviews = st.builds(
+    lambda request, api_version: {"apiVersion": api_version, "kind": "AdmissionReview", "request": request},
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "uid": st.text(max_size=5) | json_values,
+            "kind": st.fixed_dictionaries({"kind": st.sampled_from(["Deployment", "Scale", "GpuQuota"])})
+            | json_values,
+            "resource": st.fixed_dictionaries({"resource": st.sampled_from(["deployments", "gpuquotas"])}),
+            "operation": st.sampled_from(["CREATE", "UPDATE", "DELETE"]) | json_values,
+            "object": json_values
+            | st.fixed_dictionaries(
+                {"metadata": st.fixed_dictionaries({"labels": json_values}), "spec": json_values}
+            ),
+            "oldObject": json_values,
+            "dryRun": st.booleans() | json_values,
+        },
+    ),
+    st.sampled_from(["admission.k8s.io/v1", "admission.k8s.io/v1beta1", "x"]),
+)
+bodies = (
+    st.binary(max_size=300)
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | near_reviews.map(lambda v: json.dumps(v).encode())
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies, path=st.sampled_from(["/validate-workloads", "/validate-scale", "/validate-gpuquotas"]))
+async def test_fuzzed_bodies_get_400_or_a_review_never_a_crash(body: bytes, path: str) -> None:
+    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    async with TestClient(TestServer(make_app(handlers))) as client:
+        response = await client.post(path, data=body)
+        assert response.status in (200, 400)
+        payload = await response.json()
+        if response.status == 200:
+            assert payload["kind"] == "AdmissionReview"
+            assert isinstance(payload["response"]["allowed"], bool)
+    await handlers.api.close()
+
+
+async def test_unlabelled_and_owned_objects_are_allowed_without_the_api() -> None:
+    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    owned = {
+        "metadata": {
+            "labels": {"gpuforge.io/quota": "t"},
+            "ownerReferences": [{"kind": "ReplicaSet", "controller": True}],
+        }
+    }
+    async with TestClient(TestServer(make_app(handlers))) as client:
+        for obj in ({"metadata": {"name": "w"}}, owned):
+            response = await client.post("/validate-workloads", json=review(object=obj, kind={"kind": "Pod"}))
+            assert (await response.json())["response"]["allowed"] is True
+        metrics = await (await client.get("/metrics")).text()
+        assert "gpuforge_quota_admissions_total" in metrics
+    await handlers.api.close()
+
+
+async def test_api_failure_denies_with_a_message() -> None:
+    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    labelled = {
+        "metadata": {"name": "w", "labels": {"gpuforge.io/quota": "t"}},
+        "spec": {"template": {"spec": {"containers": []}}},
+    }
+    async with TestClient(TestServer(make_app(handlers))) as client:
+        response = await client.post("/validate-workloads", json=review(object=labelled))
+        answer = (await response.json())["response"]
+        assert answer["allowed"] is False
+        assert "could not check the quota" in answer["status"]["message"]
+    await handlers.api.close()
+
+
+# --- certificates ----------------------------------------------------------------------------------
+
+
+def test_serving_cert_chains_to_ca_and_names_hosts() -> None:
+    ca = generate_ca(NOW)
+    hosts = [*service_dns_names("quota", "gpuforge"), "127.0.0.1"]
+    pair = issue_serving_cert(ca, hosts, NOW)
+    assert signed_by(pair.cert_pem, ca.cert_pem)
+    cert = x509.load_pem_x509_certificate(pair.cert_pem)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "quota.gpuforge.svc" in sans.get_values_for_type(x509.DNSName)
+
+
+@pytest.mark.parametrize(("days", "rotate"), [(1, False), (59, False), (61, True), (100, True)])
+def test_rotation_after_two_thirds(days: int, rotate: bool) -> None:
+    pair = issue_serving_cert(generate_ca(NOW), ["h"], NOW, validity=timedelta(days=90))
+    assert needs_rotation(pair.cert_pem, NOW + timedelta(days=days)) is rotate
+
+
+def test_plan_keeps_then_rotates() -> None:
+    first = plan_certificates(NOW, ["h"])
+    assert first.rotated_ca and first.rotated_serving
+    again = plan_certificates(NOW + timedelta(days=1), ["h"], first.ca, first.serving)
+    assert not again.rotated_ca and not again.rotated_serving and again.serving == first.serving
+    later = plan_certificates(NOW + timedelta(days=70), ["h"], first.ca, first.serving)
+    assert later.rotated_serving and not later.rotated_ca
+    renamed = plan_certificates(NOW + timedelta(days=1), ["h", "other"], first.ca, first.serving)
+    assert renamed.rotated_serving
+    ca_expiring = plan_certificates(NOW + timedelta(days=3000), ["h"], first.ca, first.serving)
+    assert ca_expiring.rotated_ca
+    assert first.ca.cert_pem in ca_expiring.ca_bundle  # old CA trusted until replicas have the new cert
+
+
+def test_cert_reload_without_restart(tmp_path: Path) -> None:
+    ca = generate_ca(NOW)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    first = issue_serving_cert(ca, ["127.0.0.1"], datetime.now(UTC))
+    cert.write_bytes(first.cert_pem)
+    key.write_bytes(first.key_pem)
+    reloader = CertReloader(cert, key)
+    assert not reloader.reload_if_changed()
+    second = issue_serving_cert(ca, ["127.0.0.1", "localhost"], datetime.now(UTC))
+    cert.write_bytes(second.cert_pem)
+    key.write_bytes(second.key_pem)
+    assert reloader.reload_if_changed()
+    cert.write_bytes(b"half written")
+    assert not reloader.reload_if_changed()  # keeps serving the last good certificate
+    assert isinstance(reloader.context, ssl.SSLContext)
+
+
+# --- webhook configurations ----------------------------------------------------------------------
+
+
+def test_configurations_are_narrow() -> None:
+    workloads, tree = render_webhook_configurations(
+        ClientTarget(b"CA", url="https://127.0.0.1:8443"),
+        failure_policy="Ignore",
+        excluded_namespaces=["gpuforge"],
+    )
+    hook, scale = workloads["webhooks"]
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:8443/validate-workloads"
+    assert hook["clientConfig"]["caBundle"] == "Q0E="
+    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
+    assert hook["sideEffects"] == "NoneOnDryRun"
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert {"kube-system", "gpuforge"} <= set(excluded)
+    assert "gpuforge.io/quota" in hook["matchConditions"][0]["expression"]
+    assert scale["rules"][0]["resources"] == ["deployments/scale", "statefulsets/scale", "replicasets/scale"]
+    assert tree["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
+
+
+def test_service_target_and_bad_timeout() -> None:
+    target = ClientTarget(b"CA", service_name="quota", service_namespace="gpuforge")
+    workloads, _ = render_webhook_configurations(target)
+    assert workloads["webhooks"][0]["clientConfig"]["service"]["path"] == "/validate-workloads"
+    with pytest.raises(ValueError, match="timeoutSeconds"):
+        render_webhook_configurations(target, timeout_seconds=60)

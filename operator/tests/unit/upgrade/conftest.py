@@ -1,0 +1,6 @@
+"""Makes the simulated world (upgrade_world.py) importable by the tests next to it."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,54 @@
+"""The pure parts of `gpuforge status` / `gpuforge plan`: rows and ordered steps."""
+
+from __future__ import annotations
+
+from builders import DP, DRA, desired, gpu_pod, node, snapshot
+from click.testing import CliRunner
+
+from gpuforge.cli.main import cli
+from gpuforge.cli.status import desired_from_stack, plan_report, status_rows
+from gpuforge.upgrade import plan
+from gpuforge.upgrade.model import FAILURE_ANNOTATION, IntOrPercent, Mode, NodeState, Policy
+
+
+def test_status_rows() -> None:
+    failed = node(
+        "b",
+        mode=DRA,
+        state=NodeState.UPGRADE_FAILED,
+        since=125,
+        operand_ready=False,
+        annotations={FAILURE_ANNOTATION: "not serving after 600s"},
+    )
+    rows = status_rows(snapshot(node("a", mode=DP), failed))
+    assert [(r["node"], r["mode"], r["version"], r["state"], r["since"]) for r in rows] == [
+        ("a", "devicePlugin", "v0.17.0", "-", "-"),
+        ("b", "dra", "v25.12.0", "upgrade-failed", "2m"),
+    ]
+    assert rows[1]["failure"] == "not serving after 600s" and not rows[1]["ready"]
+
+
+def test_plan_report_lists_steps_in_order_with_holds() -> None:
+    nodes = [node("a", mode=DP, pods=[gpu_pod("j")]), node("b", mode=DP)]
+    result = plan(
+        snapshot(*nodes), desired(names=["a", "b"]), Policy(max_unavailable=IntOrPercent(1), max_parallel=0)
+    )
+    report = plan_report(result)
+    assert [s["node"] for s in report["steps"]] == ["a", "b"]
+    admitted = next(s for s in report["steps"] if s["to"] == "wait-for-jobs-required")
+    assert admitted["node"] == "b" and "cordon" in admitted["actions"]
+    assert report["holds"][0]["reason"] == "MaxUnavailable" and report["holds"][0]["nodes"] == ["a"]
+
+
+def test_desired_from_stack() -> None:
+    stack = {"metadata": {"name": "gpus"}, "spec": {"mode": "dra", "dra": {"version": "v25.12.0"}}}
+    want = desired_from_stack(stack, ["n1"])
+    assert want.mode is Mode.DRA and want.versions[Mode.DRA] == "v25.12.0" and want.stack == "gpus"
+
+
+def test_commands_are_wired() -> None:
+    runner = CliRunner()
+    for command in ("status", "plan"):
+        result = runner.invoke(cli, [command, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "--output" in result.output
