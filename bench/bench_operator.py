@@ -1,0 +1,179 @@
+"""GpuStack operator at scale: 1000 simulated GPU nodes on the local control plane.
+
+Reports the time from applying examples/gpustack-device-plugin.yaml to the GpuStack being Ready on every
+node (the simulated plugins become Ready as soon as kwok runs their pods), the API requests the operator
+made per node (its own requests as counted in gpuforge_api_requests_total; kopf's single watch stream is
+not included), the operator process's peak memory (VmHWM), and the CPU time of one no-op resync (one
+`reconcile` pass over a settled stack, measured in this process with time.process_time).
+Targets (issue 4): Ready under 60 s; no-op resync under 1 s of CPU; peak memory under 250 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from gpuforge.devcluster.cluster import DevCluster
+from gpuforge.devcluster.pools import uniform_pools
+from gpuforge.k8s.client import Kube
+from gpuforge.k8s.stack import reconcile
+
+ROOT = Path(__file__).resolve().parents[1]
+GPUFORGE = Path(sys.executable).with_name("gpuforge")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _requests(metrics_port: int) -> float:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{metrics_port}/metrics", timeout=10
+    ) as response:
+        text = response.read().decode()
+    return sum(
+        float(m[1])
+        for m in re.finditer(
+            r"^gpuforge_api_requests_total\{.*\} (\S+)$", text, re.MULTILINE
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--nodes", type=int, default=1000)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="gpuforge-bench-operator-") as tmp:
+        cluster = DevCluster("bench-operator", Path(tmp))
+        cluster.up("1.36", uniform_pools(args.nodes))
+        operator = None
+        try:
+            cluster.kubectl(
+                "apply",
+                "--server-side",
+                "-f",
+                str(ROOT / "operator/deploy/crds/gpustacks.gpuforge.io.yaml"),
+            )
+            cluster.kubectl(
+                "wait",
+                "--for=condition=Established",
+                "crd/gpustacks.gpuforge.io",
+                "--timeout=60s",
+            )
+            metrics_port = _free_port()
+            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+            with (Path(tmp) / "operator.log").open("wb") as log:
+                operator = subprocess.Popen(
+                    [
+                        str(GPUFORGE),
+                        "operator",
+                        "run",
+                        f"--kubeconfig={cluster.kubeconfig}",
+                        "--bind=127.0.0.1",
+                        f"--metrics-port={metrics_port}",
+                        f"--liveness-port={_free_port()}",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            time.sleep(3)
+            started = time.monotonic()
+            cluster.kubectl(
+                "apply", "-f", str(ROOT / "examples/gpustack-device-plugin.yaml")
+            )
+            wanted = f"{args.nodes}/{args.nodes}"
+            while True:
+                out = cluster.kubectl(
+                    "get", "gpustack", "gpus", "-o", "json", check=False
+                ).stdout
+                status = json.loads(out).get("status", {}) if out else {}
+                if (
+                    status.get("phase") == "Ready"
+                    and status.get("nodesReady") == wanted
+                ):
+                    break
+                if time.monotonic() - started > 600:
+                    raise SystemExit(
+                        f"not Ready after 600 s: {status.get('nodesReady')}"
+                    )
+                time.sleep(0.5)
+            ready_seconds = time.monotonic() - started
+            requests = _requests(metrics_port)
+            peak = _peak_rss_mib(operator.pid)
+
+            kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+            reconcile(kube, "gpus")  # warm caches (compat data, templates)
+            kube.requests.clear()
+            cpu = time.process_time()
+            outcome = reconcile(kube, "gpus")
+            noop_cpu = time.process_time() - cpu
+            noop_requests = sum(kube.requests.values())
+            assert outcome is not None and outcome.labelled == 0
+        finally:
+            if operator is not None:
+                operator.terminate()
+                operator.wait(timeout=30)
+            cluster.down()
+
+    rows = [
+        {
+            "name": f"apply to Ready, {args.nodes} nodes",
+            "value": round(ready_seconds, 2),
+            "unit": "s",
+            "target": 60,
+            "ok": ready_seconds < 60,
+        },
+        {
+            "name": "operator API requests per node (to Ready)",
+            "value": round(requests / args.nodes, 2),
+            "unit": "requests",
+        },
+        {
+            "name": "operator peak memory",
+            "value": round(peak, 1),
+            "unit": "MiB",
+            "target": 250,
+            "ok": peak < 250,
+        },
+        {
+            "name": "no-op resync CPU time",
+            "value": round(noop_cpu, 3),
+            "unit": "s",
+            "target": 1,
+            "ok": noop_cpu < 1,
+        },
+        {
+            "name": "no-op resync API requests",
+            "value": noop_requests,
+            "unit": "requests",
+        },
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    for row in rows:
+        print(f"{row['name']}: {row['value']} {row['unit']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""The one place gpuforge talks to the Kubernetes API: a small typed wrapper over the official client.
+
+Everything goes through `Kube._request` (raw REST with JSON bodies), which counts requests per verb and
+resource for metrics and benchmarks. Writes use server-side apply under the field manager "gpuforge"
+with force, so drift is corrected and ownership of our fields is unambiguous.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import kubernetes
+
+from gpuforge.api.cluster import NodeFacts, OperandPod
+from gpuforge.api.gpustack import PLURAL, GpuStack
+from gpuforge.constants import (
+    COMPONENT_LABEL,
+    DRA_DRIVER_GPU,
+    FIELD_MANAGER,
+    GPU_RESOURCE,
+    GROUP,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    PLUGIN_COMPONENTS,
+    STACK_LABEL,
+    VERSION,
+)
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+RequestHook = Callable[[str, str], None]  # (verb, resource)
+
+# (API group, kind) -> (plural, namespaced), for every kind the operator applies or prunes.
+KINDS: Mapping[tuple[str, str], tuple[str, bool]] = {
+    ("", "Namespace"): ("namespaces", False),
+    ("", "ServiceAccount"): ("serviceaccounts", True),
+    ("", "ConfigMap"): ("configmaps", True),
+    ("apps", "DaemonSet"): ("daemonsets", True),
+    ("apps", "Deployment"): ("deployments", True),
+    ("rbac.authorization.k8s.io", "ClusterRole"): ("clusterroles", False),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): ("clusterrolebindings", False),
+    ("resource.k8s.io", "DeviceClass"): ("deviceclasses", False),
+    ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"): ("validatingadmissionpolicies", False),
+    ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"): (
+        "validatingadmissionpolicybindings",
+        False,
+    ),
+}
+# Versions used to list owned objects of each group (DeviceClasses: whatever the server prefers).
+LIST_VERSIONS = {
+    "": "v1",
+    "apps": "v1",
+    "rbac.authorization.k8s.io": "v1",
+    "admissionregistration.k8s.io": "v1",
+}
+RESOURCE_GROUP = "resource.k8s.io"
+EVENTS_NAMESPACE = "default"  # events about cluster-scoped objects live here, as kubectl expects
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+        super().__init__(f"{method} {path}: {status} {message}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An object the operator owns, as listed from the API."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+
+def _path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace:
+        base += f"/namespaces/{quote(namespace)}"
+    base += f"/{plural}"
+    return base + (f"/{quote(name)}" if name else "")
+
+
+def resource_of(path: str) -> str:
+    """The resource a request is for, as labelled in metrics and benchmarks.
+
+    `/apis/apps/v1/namespaces/x/daemonsets/y` -> `daemonsets`; `.../gpustacks/a/status` -> `gpustacks/status`.
+    """
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]
+    else:
+        rest = parts
+    if not rest:
+        return "discovery"
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    return f"{rest[0]}/{rest[2]}" if len(rest) > 2 else rest[0]
+
+
+def rbac_verb(method: str, path: str) -> str:
+    """The RBAC verb a request is authorised as (GET on a collection is `list`)."""
+    if method != "GET":
+        return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method)
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    return "get" if len(rest) >= 2 else "list"
+
+
+def _int_quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class Kube:
+    def __init__(self, api_client: Any, on_request: RequestHook | None = None) -> None:
+        self._api = api_client
+        self._on_request = on_request
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+        self._emitted: dict[tuple[str, str], str] = {}
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None = None, on_request: RequestHook | None = None) -> Kube:
+        """Credentials from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster account."""
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
+            if kubeconfig:
+                raise
+            kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return cls(kubernetes.client.ApiClient(configuration), on_request)
+
+    def connection_info(self) -> dict[str, Any]:
+        """Server and credentials, as keyword arguments for kopf.ConnectionInfo."""
+        config = self._api.configuration
+        prefixed = config.get_api_key_with_prefix
+        header = prefixed("BearerToken") or prefixed("authorization")
+        scheme, _, token = (header or "").rpartition(" ")
+        return {
+            "server": config.host,
+            "ca_path": config.ssl_ca_cert,
+            "insecure": not config.verify_ssl,
+            "scheme": scheme or ("Bearer" if token else None),
+            "token": token or None,
+            "certificate_path": config.cert_file,
+            "private_key_path": config.key_file,
+        }
+
+    # --- transport ---------------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        resource_name = resource_of(path)
+        verb = rbac_verb(method, path)
+        with self._lock:
+            self.requests[(verb, resource_name)] += 1
+        if self._on_request is not None:
+            self._on_request(verb, resource_name)
+        url = self._api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        self._api.update_params_for_auth(headers, None, ["BearerToken"], path, method, body)
+        response = self._api.rest_client.request(method, url, headers=headers, body=body, _request_timeout=60)
+        data = response.read()
+        if response.status >= 400:
+            try:
+                message = json.loads(data).get("message", "")
+            except ValueError:
+                message = data.decode(errors="replace")[:300]
+            raise ApiError(response.status, method, path, message)
+        return json.loads(data) if data else None
+
+    def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
+        params = {**(query or {}), "limit": "500"}
+        while True:
+            page = self._request("GET", path, query=params)
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            params["continue"] = token
+
+    # --- discovery ---------------------------------------------------------------------------------
+
+    def served_versions(self, group: str = RESOURCE_GROUP) -> frozenset[str]:
+        try:
+            data = self._request("GET", f"/apis/{group}")
+        except ApiError as err:
+            if err.status == 404:
+                return frozenset()
+            raise
+        return frozenset(v["version"] for v in data.get("versions", []))
+
+    # --- generic objects -----------------------------------------------------------------------------
+
+    def apply(self, obj: Mapping[str, Any]) -> Obj:
+        """Server-side apply (field manager gpuforge, force): creates, updates and corrects drift."""
+        api_version, kind, meta = obj["apiVersion"], obj["kind"], obj["metadata"]
+        plural, namespaced = KINDS[(api_version.rpartition("/")[0], kind)]
+        path = _path(api_version, plural, meta.get("namespace") if namespaced else None, meta["name"])
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        result: Obj = self._request(
+            "PATCH", path, query=query, body=obj, content_type="application/apply-patch+yaml"
+        )
+        return result
+
+    def delete(self, ref: Ref) -> bool:
+        """Delete with background propagation; False when it was already gone."""
+        plural, namespaced = KINDS[(ref.group, ref.kind)]
+        path = _path(ref.api_version, plural, ref.namespace if namespaced else None, ref.name)
+        try:
+            self._request("DELETE", path, body={"propagationPolicy": "Background"})
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    def list_owned(self, stack: str, components: Iterable[str], dra_api_version: str | None) -> list[Ref]:
+        """Objects labelled as made by gpuforge for `stack`, with one of the given component labels."""
+        selector = (
+            f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{STACK_LABEL}={stack},"
+            f"{COMPONENT_LABEL} in ({','.join(sorted(components))})"
+        )
+        refs = []
+        for (group, kind), (plural, _) in KINDS.items():
+            version = dra_api_version if group == RESOURCE_GROUP else LIST_VERSIONS[group]
+            if version is None:
+                continue
+            api_version = f"{group}/{version}" if group else version
+            for item in self._list(_path(api_version, plural), {"labelSelector": selector}):
+                meta = item["metadata"]
+                refs.append(
+                    Ref(api_version, kind, meta.get("namespace", ""), meta["name"], meta.get("labels") or {})
+                )
+        return refs
+
+    # --- GpuStacks -------------------------------------------------------------------------------------
+
+    def get_stack(self, name: str) -> Obj | None:
+        try:
+            result: Obj = self._request("GET", _path(f"{GROUP}/{VERSION}", PLURAL, name=name))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return result
+
+    def list_stacks(self) -> list[GpuStack]:
+        return [GpuStack.from_body(item) for item in self._list(_path(f"{GROUP}/{VERSION}", PLURAL))]
+
+    def patch_stack_status(self, name: str, status: Mapping[str, Any]) -> None:
+        path = _path(f"{GROUP}/{VERSION}", PLURAL, name=name) + "/status"
+        self._request("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+
+    # --- nodes, pods, slices ---------------------------------------------------------------------------
+
+    def list_nodes(
+        self, slices_per_node: Mapping[str, int], label_selector: str | None = None
+    ) -> list[NodeFacts]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        nodes = []
+        for item in self._list("/api/v1/nodes", query):
+            meta, spec, status = item["metadata"], item.get("spec", {}), item.get("status", {})
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+            )
+            nodes.append(
+                NodeFacts(
+                    name=meta["name"],
+                    labels=meta.get("labels") or {},
+                    kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion", ""),
+                    ready=ready,
+                    unschedulable=bool(spec.get("unschedulable")),
+                    gpu_capacity=_int_quantity((status.get("capacity") or {}).get(GPU_RESOURCE, 0)),
+                    dra_slices=slices_per_node.get(meta["name"], 0),
+                )
+            )
+        return nodes
+
+    def count_gpu_slices(self, resource_api_version: str | None) -> Counter[str]:
+        """ResourceSlices of driver gpu.nvidia.com per node (any served version has spec.nodeName)."""
+        counts: Counter[str] = Counter()
+        if resource_api_version is None:
+            return counts
+        path = _path(f"{RESOURCE_GROUP}/{resource_api_version}", "resourceslices")
+        for item in self._list(path, {"fieldSelector": f"spec.driver={DRA_DRIVER_GPU}"}):
+            node = (item.get("spec") or {}).get("nodeName")
+            if node:
+                counts[node] += 1
+        return counts
+
+    def list_operand_pods(self, stack: str) -> list[OperandPod]:
+        selector = f"{STACK_LABEL}={stack},{COMPONENT_LABEL} in ({','.join(sorted(PLUGIN_COMPONENTS))})"
+        pods = []
+        for item in self._list("/api/v1/pods", {"labelSelector": selector}):
+            meta = item["metadata"]
+            node = (item.get("spec") or {}).get("nodeName")
+            if node and not meta.get("deletionTimestamp"):
+                labels = meta.get("labels") or {}
+                pods.append(
+                    OperandPod(meta["name"], node, stack, labels.get(COMPONENT_LABEL, ""), _pod_ready(item))
+                )
+        return pods
+
+    def count_claim_pods(self, node: str) -> int:
+        """Unfinished pods on `node` that hold ResourceClaims (directly or via DRA extended resources)."""
+        count = 0
+        for item in self._list("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}):
+            status = item.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            if (item.get("spec") or {}).get("resourceClaims") or status.get("extendedResourceClaimStatus"):
+                count += 1
+        return count
+
+    def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
+        body = {"metadata": {"labels": dict(labels)}}
+        self._request(
+            "PATCH", f"/api/v1/nodes/{quote(node)}", body=body, content_type="application/merge-patch+json"
+        )
+
+    # --- events ----------------------------------------------------------------------------------------
+
+    def emit_event(self, stack: GpuStack, kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the GpuStack; the same reason and message are not repeated in a row."""
+        key = (stack.uid or stack.name, reason)
+        with self._lock:
+            if self._emitted.get(key) == message:
+                return
+            self._emitted[key] = message
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{stack.name}.", "namespace": EVENTS_NAMESPACE},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GpuStack",
+                "name": stack.name,
+                "uid": stack.uid,
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "gpuforge-operator"},
+            "reportingComponent": "gpuforge.io/operator",
+            "reportingInstance": "gpuforge-operator",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
+        except ApiError as err:  # an event is worth a log line, never a failed reconcile
+            log.warning("could not post event %s: %s", reason, err)

@@ -1,0 +1,221 @@
+"""Manifests of a GpuStack's operands, from Jinja2 templates over the typed model. No I/O.
+
+Templates (`templates/NNNN_<what>.yaml.j2`, applied in name order) switch themselves off with a top-level
+`{% if %}`; undefined variables are errors (StrictUndefined). Every scalar goes through `tojson`, so no
+value can break the YAML. The ownership labels are added here, after parsing, so no template can forget
+them: every object carries `app.kubernetes.io/managed-by: gpuforge`, `gpuforge.io/stack: <name>` and a
+`gpuforge.io/component`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+import yaml
+
+from gpuforge.api.convert import to_dict
+from gpuforge.api.gpustack import (
+    DEVICE_CLASS_GPU,
+    DEVICE_CLASS_MIG,
+    DEVICE_CLASS_VFIO,
+    GpuStack,
+    Mode,
+)
+from gpuforge.compat import Compat
+from gpuforge.constants import (
+    COMPONENT_DEVICE_PLUGIN,
+    COMPONENT_DRA_CONTROLLER,
+    COMPONENT_DRA_KUBELET_PLUGIN,
+    COMPONENT_LABEL,
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    DEVICE_PLUGIN_PATH,
+    DRA_DRIVER_GPU,
+    GPU_RESOURCE,
+    GROUP,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    STACK_LABEL,
+)
+
+Manifest = dict[str, Any]
+# (API group, kind, namespace, name): identifies an object whatever API version it is written in.
+ObjectKey = tuple[str, str, str, str]
+
+# Component value of objects that belong to the stack as a whole (namespace, DeviceClasses).
+COMPONENT_STACK = "stack"
+# Every component value the operator renders; pruning only ever looks at these.
+RENDERED_COMPONENTS = (
+    COMPONENT_STACK,
+    COMPONENT_DEVICE_PLUGIN,
+    COMPONENT_DRA_KUBELET_PLUGIN,
+    COMPONENT_DRA_CONTROLLER,
+)
+# Pod template annotation: a hash of the plugin's config, so a config change is a new DaemonSet revision.
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+
+_DEVICE_CLASS_TYPES = {DEVICE_CLASS_GPU: "gpu", DEVICE_CLASS_MIG: "mig", DEVICE_CLASS_VFIO: "vfio"}
+
+
+class RenderError(ValueError):
+    """A template produced something that is not a Kubernetes object."""
+
+
+@dataclass(frozen=True)
+class RenderInput:
+    stack: GpuStack
+    # Operand DaemonSets to render: the mode's, and the other one while nodes still run it.
+    operands: frozenset[Mode]
+    # resource.k8s.io version for DeviceClasses ("v1", "v1beta2", "v1beta1"); None: DeviceClasses left out.
+    dra_api_version: str | None
+    compat: Compat
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("gpuforge.render", "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def template_names() -> list[str]:
+    return sorted(n for n in _environment().list_templates() if n.endswith(".yaml.j2"))
+
+
+def device_plugin_config(stack: GpuStack) -> Manifest:
+    """The device plugin's config file (NVIDIA k8s-device-plugin `version: v1` format)."""
+    spec = stack.spec.device_plugin
+    config: Manifest = {
+        "version": "v1",
+        "flags": {
+            "migStrategy": spec.mig_strategy.value,
+            "failOnInitError": True,
+            "plugin": {"passDeviceSpecs": False, "deviceListStrategy": "envvar", "deviceIDStrategy": "uuid"},
+        },
+    }
+    time_slicing = spec.config.sharing.time_slicing
+    if time_slicing is not None:
+        config["sharing"] = {
+            "timeSlicing": {
+                "renameByDefault": time_slicing.rename_by_default,
+                "failRequestsGreaterThanOne": time_slicing.fail_requests_greater_than_one,
+                "resources": [{"name": GPU_RESOURCE, "replicas": time_slicing.replicas}],
+            }
+        }
+    return config
+
+
+def _image(repository: str, default_repository: str, version: str) -> str:
+    return f"{repository or default_repository}:{version}"
+
+
+def _context(inp: RenderInput) -> dict[str, Any]:
+    stack, spec = inp.stack, inp.stack.spec
+    name = stack.name
+    dp = None
+    if Mode.DEVICE_PLUGIN in inp.operands:
+        dp_release = inp.compat.device_plugin_release(spec.device_plugin.version)
+        config_yaml = yaml.safe_dump(device_plugin_config(stack), sort_keys=False)
+        dp = {
+            "image": _image(spec.device_plugin.image, dp_release.image, spec.device_plugin.version),
+            "config_yaml": config_yaml,
+            "config_hash": hashlib.sha256(config_yaml.encode()).hexdigest()[:16],
+            "mig_strategy": spec.device_plugin.mig_strategy.value,
+        }
+    dra = None
+    if Mode.DRA in inp.operands:
+        release = inp.compat.dra_release(spec.dra.version)
+        classes = []
+        for class_name in sorted(spec.dra.device_classes):
+            expression = (
+                f"device.driver == '{DRA_DRIVER_GPU}' && "
+                f"device.attributes['{DRA_DRIVER_GPU}'].type == '{_DEVICE_CLASS_TYPES[class_name]}'"
+            )
+            maps = class_name == DEVICE_CLASS_GPU and spec.dra.extended_resource_mapping
+            classes.append(
+                {
+                    "name": class_name,
+                    "expression": expression,
+                    # The field exists only in the v1 DeviceClass (gated by DRAExtendedResource).
+                    "extended_resource_name": GPU_RESOURCE if maps and inp.dra_api_version == "v1" else None,
+                }
+            )
+        dra = {
+            "image": _image(spec.dra.image, release.image, spec.dra.version),
+            "api_version": inp.dra_api_version,
+            "device_classes": classes,
+            "admission_policy": release.admission_policy,
+            "admission_policy_name": f"gpuforge-{name}-resourceslices",
+            "controller": release.controller and spec.dra.compute_domains,
+            "service_account": f"{name}-dra-kubelet-plugin",
+            "cluster_role": f"gpuforge:{name}:dra-kubelet-plugin",
+        }
+    pods = {
+        "priority_class_name": spec.priority_class_name,
+        "tolerations": to_dict(spec.tolerations),
+        "image_pull_secrets": [{"name": secret} for secret in spec.image_pull_secrets],
+        "resources": to_dict(spec.resources),
+    }
+    keys = {
+        "managed_by": MANAGED_BY_LABEL,
+        "managed_by_value": MANAGED_BY_VALUE,
+        "stack": STACK_LABEL,
+        "component": COMPONENT_LABEL,
+        "device_plugin": COMPONENT_DEVICE_PLUGIN,
+        "dra_kubelet_plugin": COMPONENT_DRA_KUBELET_PLUGIN,
+        "dra_controller": COMPONENT_DRA_CONTROLLER,
+        "deploy_device_plugin": DEPLOY_DEVICE_PLUGIN_LABEL,
+        "deploy_dra_kubelet_plugin": DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+        "device_plugin_path": DEVICE_PLUGIN_PATH,
+        "config_hash": CONFIG_HASH_ANNOTATION,
+    }
+    return {"name": name, "namespace": spec.namespace, "dp": dp, "dra": dra, "pods": pods, "k": keys}
+
+
+def render(inp: RenderInput) -> list[Manifest]:
+    """All objects of the stack, in apply order (namespace, config, RBAC, classes, policy, workloads)."""
+    context = _context(inp)
+    objects: list[Manifest] = []
+    for template_name in template_names():
+        text = _environment().get_template(template_name).render(context)
+        for doc in yaml.safe_load_all(text):
+            if doc is None:
+                continue
+            if not isinstance(doc, dict) or not {"apiVersion", "kind", "metadata"} <= doc.keys():
+                raise RenderError(f"{template_name}: not a Kubernetes object: {doc!r:.200}")
+            labels = doc["metadata"].setdefault("labels", {})
+            if COMPONENT_LABEL not in labels:
+                raise RenderError(f"{template_name}: {doc['kind']} without a {COMPONENT_LABEL} label")
+            labels.update({MANAGED_BY_LABEL: MANAGED_BY_VALUE, STACK_LABEL: inp.stack.name})
+            objects.append(doc)
+    return objects
+
+
+def object_key(obj: Mapping[str, Any]) -> ObjectKey:
+    api_version = str(obj["apiVersion"])
+    group = api_version.rpartition("/")[0]
+    meta = obj["metadata"]
+    return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+
+
+def held_elsewhere(
+    stack: GpuStack, mine: Sequence[Manifest], others: Iterable[tuple[GpuStack, Sequence[Manifest]]]
+) -> set[ObjectKey]:
+    """Keys of objects `stack` renders that an older stack renders too (a shared namespace, a
+    DeviceClass): the oldest stack applies those, the others leave them alone."""
+    my_keys = {object_key(o) for o in mine}
+    taken: set[ObjectKey] = set()
+    for other, objects in others:
+        if other.age_key < stack.age_key:
+            taken |= my_keys & {object_key(o) for o in objects}
+    return taken

@@ -1,0 +1,277 @@
+"""Which selected node runs which operand of a GpuStack, and which nodes the stack must let go. No I/O.
+
+Stateless and idempotent: every decision comes from the GpuStacks and the node facts, so an operator
+restarted at any moment decides the same again. A node belongs to a stack through two labels the
+operator writes on it: `gpuforge.io/stack=<name>` and one per-node deploy label (device plugin or DRA
+kubelet plugin) that the operand DaemonSets select on.
+
+Rules:
+- Two GpuStacks selecting one node: the older one (creation time, then name) gets it; the younger reports
+  a conflict naming the node and the other stack, and lets go of the node if it held it.
+- A node whose kubelet (or the API server) cannot work with the operand is refused, named in a condition;
+  a node already running the operand is left running.
+- The two deploy labels are never "true" together on one node: the old one is removed first, then the
+  operator waits until the node's old advertisement is gone, and only then sets the new one
+  (`choose_operand`, which the upgrade engine replaces with its node-by-node plan).
+- The DRA kubelet plugin leaves a node only once no pod on it holds a ResourceClaim: without the plugin
+  those pods could not be unprepared and would hang in Terminating.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuforge.api import conditions as c
+from gpuforge.api.cluster import NodeFacts, OperandPod
+from gpuforge.api.gpustack import GpuStack, Mode, NodeSelector, NodeSelectorRequirement, SelectorOperator
+from gpuforge.compat import Compat, UnknownRelease
+from gpuforge.constants import (
+    COMPONENT_DEVICE_PLUGIN,
+    COMPONENT_DRA_KUBELET_PLUGIN,
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    STACK_LABEL,
+)
+
+LabelPatch = Mapping[str, str | None]  # value None removes the label
+
+
+class NodeState(enum.StrEnum):
+    READY = "ready"  # the mode's plugin is Ready on the node and the node advertises GPUs through it
+    PENDING = "pending"  # labelled (or about to be); waiting for the plugin and its advertisement
+    SWITCHING = "switching"  # the other mode's operand is leaving the node
+    REFUSED = "refused"  # the spec cannot work on this node (kubelet, API versions)
+    CONFLICT = "conflict"  # an older GpuStack selects the node
+
+
+DEPLOY_LABEL = {Mode.DEVICE_PLUGIN: DEPLOY_DEVICE_PLUGIN_LABEL, Mode.DRA: DEPLOY_DRA_KUBELET_PLUGIN_LABEL}
+COMPONENT = {Mode.DEVICE_PLUGIN: COMPONENT_DEVICE_PLUGIN, Mode.DRA: COMPONENT_DRA_KUBELET_PLUGIN}
+
+
+def other_mode(mode: Mode) -> Mode:
+    return Mode.DRA if mode is Mode.DEVICE_PLUGIN else Mode.DEVICE_PLUGIN
+
+
+@dataclass(frozen=True)
+class NodeStep:
+    node: str
+    state: NodeState
+    labels: LabelPatch = field(default_factory=dict)  # to apply now; empty: nothing to change
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the spec cannot do, for a condition and an event."""
+
+    reason: str
+    message: str
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Placement:
+    steps: tuple[NodeStep, ...]  # one per selected node
+    releases: tuple[NodeStep, ...]  # nodes the stack holds but no longer serves
+    problems: tuple[Problem, ...]
+    dra_api_version: str | None  # resource.k8s.io version for DeviceClasses (None: not served)
+    operands: frozenset[
+        Mode
+    ]  # operand DaemonSets to keep: the mode's, plus the other while nodes still run it
+
+
+# --- selection ---------------------------------------------------------------------------------------
+
+
+def _requirement_matches(req: NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
+    value = labels.get(req.key)
+    match req.operator:
+        case SelectorOperator.IN:
+            return value is not None and value in req.values
+        case SelectorOperator.NOT_IN:
+            return value is None or value not in req.values
+        case SelectorOperator.EXISTS:
+            return value is not None
+        case SelectorOperator.DOES_NOT_EXIST:
+            return value is None
+        case SelectorOperator.GT | SelectorOperator.LT:
+            try:
+                number, bound = int(value or ""), int(req.values[0])
+            except ValueError:
+                return False
+            return number > bound if req.operator is SelectorOperator.GT else number < bound
+
+
+def selects(selector: NodeSelector, labels: Mapping[str, str]) -> bool:
+    """Terms are ORed, expressions inside a term ANDed (as in required node affinity)."""
+    return any(
+        all(_requirement_matches(req, labels) for req in term.match_expressions)
+        for term in selector.node_selector_terms
+    )
+
+
+# --- one node, one operand -----------------------------------------------------------------------------
+
+
+def _advertises(node: NodeFacts, mode: Mode) -> bool:
+    return node.gpu_capacity > 0 if mode is Mode.DEVICE_PLUGIN else node.dra_slices > 0
+
+
+def _claim_wait(node: NodeFacts) -> str | None:
+    if node.claim_pods is None:
+        return "checking for pods holding ResourceClaims"
+    if node.claim_pods > 0:
+        return f"{node.claim_pods} pod(s) still hold ResourceClaims"
+    return None
+
+
+def choose_operand(node: NodeFacts, stack: str, mode: Mode, plugin_ready: bool) -> NodeStep:
+    """Label `node` so that it runs `mode`'s plugin for `stack`, one safe step at a time.
+
+    The single place that moves a node between operands; the upgrade engine's plan takes it over.
+    """
+    target, old = DEPLOY_LABEL[mode], DEPLOY_LABEL[other_mode(mode)]
+    patch: dict[str, str | None] = {}
+    if node.labels.get(STACK_LABEL) != stack:
+        patch[STACK_LABEL] = stack
+    if old in node.labels:
+        if old == DEPLOY_DRA_KUBELET_PLUGIN_LABEL and (wait := _claim_wait(node)):
+            return NodeStep(node.name, NodeState.SWITCHING, patch, wait)
+        patch[old] = None
+        return NodeStep(node.name, NodeState.SWITCHING, patch, f"removing {old}")
+    if _advertises(node, other_mode(mode)):
+        return NodeStep(node.name, NodeState.SWITCHING, patch, "waiting for the old advertisement to go")
+    if node.labels.get(target) != "true":
+        patch[target] = "true"
+        return NodeStep(node.name, NodeState.PENDING, patch, f"setting {target}")
+    if plugin_ready and _advertises(node, mode):
+        return NodeStep(node.name, NodeState.READY, patch)
+    return NodeStep(node.name, NodeState.PENDING, patch, "waiting for the plugin")
+
+
+def release(node: NodeFacts) -> NodeStep:
+    """Take a node away from the stack: plugin labels off (DRA only when claim-free), then the stack label."""
+    patch: dict[str, str | None] = {}
+    detail = ""
+    if DEPLOY_DEVICE_PLUGIN_LABEL in node.labels:
+        patch[DEPLOY_DEVICE_PLUGIN_LABEL] = None
+    if DEPLOY_DRA_KUBELET_PLUGIN_LABEL in node.labels:
+        if wait := _claim_wait(node):
+            detail = wait
+        else:
+            patch[DEPLOY_DRA_KUBELET_PLUGIN_LABEL] = None
+    if not detail and STACK_LABEL in node.labels:
+        patch[STACK_LABEL] = None
+    return NodeStep(node.name, NodeState.SWITCHING, patch, detail or "releasing")
+
+
+def needs_claim_check(stack: GpuStack, nodes: Iterable[NodeFacts], stacks: Sequence[GpuStack]) -> list[str]:
+    """Nodes where the stack may remove the DRA kubelet plugin; only these need their pods looked at."""
+    out = []
+    for node in nodes:
+        if node.labels.get(STACK_LABEL) != stack.name or DEPLOY_DRA_KUBELET_PLUGIN_LABEL not in node.labels:
+            continue
+        if (
+            stack.spec.mode is not Mode.DRA
+            or _older_owner(stack, node, stacks)
+            or not selects(stack.spec.node_selector, node.labels)
+        ):
+            out.append(node.name)
+    return out
+
+
+def _older_owner(stack: GpuStack, node: NodeFacts, stacks: Sequence[GpuStack]) -> GpuStack | None:
+    older = [s for s in stacks if s.age_key < stack.age_key and selects(s.spec.node_selector, node.labels)]
+    return min(older, key=lambda s: s.age_key) if older else None
+
+
+# --- the whole stack -------------------------------------------------------------------------------------
+
+
+def _compat_problem(stack: GpuStack, node: NodeFacts, served: frozenset[str], compat: Compat) -> str | None:
+    if stack.spec.mode is Mode.DRA:
+        return compat.dra_problem(stack.spec.dra.version, node.kubelet_minor, served)
+    return compat.device_plugin_problem(stack.spec.device_plugin.version, node.kubelet_minor)
+
+
+def place(
+    stack: GpuStack,
+    nodes: Sequence[NodeFacts],
+    stacks: Sequence[GpuStack],
+    pods: Iterable[OperandPod],
+    served_resource_versions: frozenset[str],
+    compat: Compat,
+) -> Placement:
+    """Decide every node of `stack`. `stacks`: all GpuStacks (including this one); `pods`: its plugin pods."""
+    mode = stack.spec.mode
+    ready_plugins = {(p.node, p.component) for p in pods if p.ready and p.stack == stack.name}
+    existing = {s.name for s in stacks}
+    dra_api = compat.best_resource_api(served_resource_versions)
+    problems: list[Problem] = []
+    stack_refusal: str | None = None
+    try:
+        if mode is Mode.DRA:
+            compat.dra_release(stack.spec.dra.version)
+        else:
+            compat.device_plugin_release(stack.spec.device_plugin.version)
+    except UnknownRelease as err:
+        stack_refusal = str(err)
+        problems.append(Problem(c.UNKNOWN_RELEASE, str(err)))
+    if mode is Mode.DRA and dra_api is None:
+        served = ", ".join(sorted(served_resource_versions)) or "none"
+        stack_refusal = f"the API server serves no usable resource.k8s.io version (served: {served})"
+
+    steps: list[NodeStep] = []
+    releases: list[NodeStep] = []
+    conflicts: dict[str, list[str]] = {}
+    refusals: dict[str, list[str]] = {}
+    for node in nodes:
+        held_by = node.labels.get(STACK_LABEL)
+        if not selects(stack.spec.node_selector, node.labels):
+            if held_by == stack.name:
+                releases.append(release(node))
+            continue
+        if owner := _older_owner(stack, node, stacks):
+            conflicts.setdefault(owner.name, []).append(node.name)
+            if held_by == stack.name:
+                releases.append(release(node))
+            steps.append(
+                NodeStep(node.name, NodeState.CONFLICT, detail=f"selected by older GpuStack {owner.name}")
+            )
+            continue
+        if held_by not in (None, stack.name) and held_by in existing:
+            steps.append(NodeStep(node.name, NodeState.PENDING, detail=f"GpuStack {held_by} is releasing it"))
+            continue
+        runs_ours = held_by == stack.name and node.labels.get(DEPLOY_LABEL[mode]) == "true"
+        refusal = stack_refusal or _compat_problem(stack, node, served_resource_versions, compat)
+        if refusal is not None and not runs_ours:
+            refusals.setdefault(refusal, []).append(node.name)
+            steps.append(NodeStep(node.name, NodeState.REFUSED, detail=refusal))
+            continue
+        steps.append(choose_operand(node, stack.name, mode, (node.name, COMPONENT[mode]) in ready_plugins))
+
+    for owner_name, names in sorted(conflicts.items()):
+        message = f"older GpuStack {owner_name} also selects nodes {_names(names)}"
+        problems.append(Problem(c.NODE_CONFLICT, message, tuple(names)))
+    for refusal, names in sorted(refusals.items()):
+        reason = c.DRA_API_NOT_SERVED if dra_api is None and mode is Mode.DRA else c.INCOMPATIBLE_KUBELET
+        if refusal == stack_refusal and reason != c.DRA_API_NOT_SERVED:
+            continue  # already reported once for the whole stack
+        problems.append(Problem(reason, f"{refusal}: refused on nodes {_names(names)}", tuple(names)))
+
+    # Keep an operand's DaemonSet while any node the stack holds still carries its deploy label.
+    operands = {mode} | {
+        m for n in _held(stack, nodes) for m, label in DEPLOY_LABEL.items() if label in n.labels
+    }
+    return Placement(tuple(steps), tuple(releases), tuple(problems), dra_api, frozenset(operands))
+
+
+def _held(stack: GpuStack, nodes: Iterable[NodeFacts]) -> list[NodeFacts]:
+    return [n for n in nodes if n.labels.get(STACK_LABEL) == stack.name]
+
+
+def _names(names: Sequence[str], limit: int = 10) -> str:
+    shown = ", ".join(sorted(names)[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

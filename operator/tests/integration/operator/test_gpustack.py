@@ -1,0 +1,582 @@
+"""The GpuStack operator's "Done when" list, on the real local control plane with simulated GPU nodes.
+
+The operator runs as a subprocess (`gpuforge operator run`) with the credentials of its own
+ServiceAccount (a token from the TokenRequest API), bound to exactly the shipped ClusterRole
+(operator/deploy/rbac.yaml): a missing permission makes these tests fail, and the last test fails when a
+shipped permission was never used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge.constants import (
+    COMPONENT_LABEL,
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    STACK_LABEL,
+)
+from gpuforge.devcluster.pools import GpuSpec, Pool, Taint
+
+OPERATOR_DIR = Path(__file__).parents[3]
+DEPLOY = OPERATOR_DIR / "deploy"
+EXAMPLES = OPERATOR_DIR.parent / "examples"
+GPUFORGE = Path(sys.executable).with_name("gpuforge")
+
+# Small, mixed cluster: 5 GPU nodes in three pools (one tainted, one on an older kubelet) and a CPU node.
+POOLS = (
+    Pool(
+        name="h100",
+        count=2,
+        gpu=GpuSpec(product="NVIDIA H100 80GB HBM3", memory_mib=81559),
+        kubelet_version="v1.34.2",
+    ),
+    Pool(name="a100", count=2, gpu=GpuSpec()),
+    Pool(
+        name="l4",
+        count=1,
+        gpu=GpuSpec(product="NVIDIA L4", count=1, memory_mib=23034, mig_capable=False),
+        taints=(Taint(key="nvidia.com/gpu", effect="NoSchedule"),),
+    ),
+    Pool(name="cpu", count=1, gpu=None),
+)
+GPU_NODES = {f"{p.name}-{i}" for p in POOLS if p.gpu is not None for i in range(p.count)}
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 90, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r:.500})")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class OperatorProcess:
+    process: subprocess.Popen[bytes]
+    log: Path
+    metrics_port: int
+    liveness_port: int
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def service_account_kubeconfig(cluster: Any, path: Path) -> Path:
+    """Install the shipped CRD, namespace, ServiceAccount and RBAC; return a kubeconfig of that account."""
+    for name in ("crds/gpustacks.gpuforge.io.yaml", "namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
+        cluster.kubectl("apply", "--server-side", "-f", str(DEPLOY / name))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "--timeout=60s")
+    token = cluster.kubectl(
+        "create", "token", "gpuforge-operator", "-n", "gpuforge-system", "--duration=3h"
+    ).stdout.strip()
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    server = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [server],
+        "users": [{"name": "gpuforge-operator", "user": {"token": token}}],
+        "contexts": [
+            {"name": "operator", "context": {"cluster": server["name"], "user": "gpuforge-operator"}}
+        ],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_operator(kubeconfig: Path, log: Path) -> OperatorProcess:
+    metrics_port, liveness_port = _free_port(), _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("KUBECONFIG", None)
+    command = [
+        str(GPUFORGE),
+        "operator",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        "--bind=127.0.0.1",
+        f"--metrics-port={metrics_port}",
+        f"--liveness-port={liveness_port}",
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    handle = OperatorProcess(process, log, metrics_port, liveness_port)
+
+    def alive() -> bool:
+        assert process.poll() is None, f"operator exited:\n{handle.log_tail()}"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=2).close()
+        except OSError:
+            return False
+        return True
+
+    wait_for("the operator's liveness endpoint", alive, timeout=60)
+    return handle
+
+
+def stop_operator(handle: OperatorProcess) -> None:
+    handle.process.terminate()
+    try:
+        handle.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        handle.process.kill()
+        handle.process.wait()
+
+
+@pytest.fixture(scope="module")
+def op_cluster(cluster_factory: Callable[..., Any]) -> Any:
+    return cluster_factory(profile="1.36", pools=POOLS, name="operator")
+
+
+@pytest.fixture(scope="module")
+def operator(op_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    workdir = tmp_path_factory.mktemp("operator")
+    kubeconfig = service_account_kubeconfig(op_cluster, workdir / "operator.kubeconfig")
+    handle = start_operator(kubeconfig, workdir / "operator.log")
+    yield handle
+    stop_operator(handle)
+    sys.stderr.write(f"\n--- operator log tail ---\n{handle.log_tail(30)}\n")
+
+
+pytestmark = pytest.mark.cluster
+
+
+def kube_json(cluster: Any, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def stack_status(cluster: Any, name: str) -> dict[str, Any]:
+    result = cluster.kubectl("get", "gpustack", name, "-o", "json", check=False)
+    return json.loads(result.stdout).get("status", {}) if result.returncode == 0 else {}
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def apply(cluster: Any, document: str | Path) -> None:
+    text = document.read_text() if isinstance(document, Path) else document
+    cluster.kubectl("apply", "-f", "-", input=text)
+
+
+def delete_stack_and_wait(cluster: Any, name: str, timeout: float = 120) -> None:
+    cluster.kubectl("delete", "gpustack", name, "--wait=false", "--ignore-not-found")
+    wait_for(
+        f"GpuStack {name} to be gone",
+        lambda: cluster.kubectl("get", "gpustack", name, check=False).returncode != 0,
+        timeout=timeout,
+    )
+
+
+def owned_objects(cluster: Any, stack: str) -> list[str]:
+    kinds = "namespaces,serviceaccounts,configmaps,daemonsets,deployments,clusterroles,clusterrolebindings"
+    kinds += ",validatingadmissionpolicies,validatingadmissionpolicybindings,deviceclasses"
+    out = cluster.kubectl("get", kinds, "-A", "-l", f"{STACK_LABEL}={stack}", "-o", "name", check=False)
+    return [line for line in out.stdout.split() if line]
+
+
+def nodes_by_name(cluster: Any) -> dict[str, dict[str, Any]]:
+    return {n["metadata"]["name"]: n for n in kube_json(cluster, "nodes")["items"]}
+
+
+@pytest.fixture
+def stacks(op_cluster: Any, operator: OperatorProcess) -> Iterator[list[str]]:
+    """Names of GpuStacks a test creates; all are deleted (and their cleanup awaited) afterwards."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        delete_stack_and_wait(op_cluster, name)
+
+
+# --- validation at apply time ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"mode": "magic"}, "spec.mode"),
+        ({"devicePlugin": {"version": "0.17"}}, "spec.devicePlugin.version"),
+        ({"dra": {"version": "latest"}}, "spec.dra.version"),
+        ({"nodeSelector": {"nodeSelectorTerms": []}}, "spec.nodeSelector.nodeSelectorTerms"),
+        (
+            {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": []}]}},
+            "spec.nodeSelector.nodeSelectorTerms[0].matchExpressions",
+        ),
+        ({"upgradePolicy": {"maxUnavailable": "110%"}}, "spec.upgradePolicy.maxUnavailable"),
+    ],
+)
+def test_invalid_gpustack_is_rejected_naming_the_field(
+    op_cluster: Any, spec: dict[str, Any], field: str
+) -> None:
+    cluster = op_cluster
+    cluster.kubectl("apply", "--server-side", "-f", str(DEPLOY / "crds" / "gpustacks.gpuforge.io.yaml"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "--timeout=60s")
+    body = {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuStack",
+        "metadata": {"name": "bad"},
+        "spec": spec,
+    }
+    result = cluster.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+    assert result.returncode != 0
+    assert field in result.stderr, result.stderr
+    assert cluster.kubectl("get", "gpustack", "bad", check=False).returncode != 0
+
+
+# --- device plugin -----------------------------------------------------------------------------------------
+def test_device_plugin_example(op_cluster: Any, stacks: list[str]) -> None:
+    cluster = op_cluster
+    stacks.append("gpus")
+    apply(cluster, EXAMPLES / "gpustack-device-plugin.yaml")
+
+    status = wait_for(
+        "GpuStack gpus Ready", lambda: (s := stack_status(cluster, "gpus")).get("phase") == "Ready" and s
+    )
+    assert status["nodesReady"] == f"{len(GPU_NODES)}/{len(GPU_NODES)}"
+    assert status["nodes"]["total"] == len(GPU_NODES) and status["nodes"]["ready"] == len(GPU_NODES)
+    assert condition(status, "Ready")["status"] == "True"
+    assert status["operands"]["devicePlugin"] == "v0.20.0" and status["version"] == "v0.20.0"
+
+    pods = kube_json(cluster, "pods", "-A", "-l", f"{COMPONENT_LABEL}=device-plugin,{STACK_LABEL}=gpus")[
+        "items"
+    ]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(
+        GPU_NODES
+    )  # one per GPU node, none elsewhere
+    nodes = nodes_by_name(cluster)
+    for name in GPU_NODES:
+        assert int(nodes[name]["status"]["capacity"].get("nvidia.com/gpu", 0)) > 0, name
+    assert "nvidia.com/gpu" not in nodes["cpu-0"]["status"]["capacity"]
+
+    # Drift: a deleted DaemonSet comes back.
+    cluster.kubectl("delete", "daemonset", "-n", "gpuforge-operands", "gpus-device-plugin")
+    wait_for(
+        "the DaemonSet to be re-created",
+        lambda: (
+            cluster.kubectl(
+                "get", "ds", "-n", "gpuforge-operands", "gpus-device-plugin", check=False
+            ).returncode
+            == 0
+        ),
+        timeout=60,
+    )
+
+    # Deleting the GpuStack removes everything it made, node labels included.
+    delete_stack_and_wait(cluster, "gpus")
+    wait_for("owned objects gone", lambda: not owned_objects(cluster, "gpus"))
+    for node in nodes_by_name(cluster).values():
+        labels = node["metadata"].get("labels", {})
+        assert STACK_LABEL not in labels and DEPLOY_DEVICE_PLUGIN_LABEL not in labels
+
+
+# --- DRA --------------------------------------------------------------------------------------------------
+CLAIM_POD = """
+apiVersion: resource.k8s.io/{version}
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {ns}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {{deviceClassName: gpu.nvidia.com, allocationMode: ExactCount, count: 1}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: trainer, namespace: {ns}}}
+spec:
+  tolerations: [{{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}]
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: one-gpu}}]
+  containers:
+  - name: main
+    image: registry.example/cuda:latest
+    resources: {{claims: [{{name: gpu}}]}}
+"""
+
+
+def test_dra_example_on_1_36(op_cluster: Any, stacks: list[str]) -> None:
+    cluster = op_cluster
+    stacks.append("gpus")
+    apply(cluster, EXAMPLES / "gpustack-dra.yaml")
+    status = wait_for(
+        "GpuStack gpus Ready", lambda: (s := stack_status(cluster, "gpus")).get("phase") == "Ready" and s
+    )
+    assert status["draApiVersion"] == "resource.k8s.io/v1"
+    device_class = json.loads(
+        cluster.kubectl("get", "--raw", "/apis/resource.k8s.io/v1/deviceclasses/gpu.nvidia.com").stdout
+    )
+    assert device_class["metadata"]["labels"][STACK_LABEL] == "gpus"
+    slices = kube_json(
+        cluster, "resourceslices.v1.resource.k8s.io", "--field-selector=spec.driver=gpu.nvidia.com"
+    )
+    assert {s["spec"]["nodeName"] for s in slices["items"]} == GPU_NODES
+    pods = kube_json(cluster, "pods", "-A", "-l", f"{COMPONENT_LABEL}=dra-kubelet-plugin")["items"]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(GPU_NODES)
+
+    # A pod with a ResourceClaim is scheduled onto a node with a slice.
+    ns = f"t-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", ns)
+    apply(cluster, CLAIM_POD.format(version="v1", ns=ns))
+    node = wait_for(
+        "the claim pod to be scheduled",
+        lambda: kube_json(cluster, "pod", "-n", ns, "trainer")["spec"].get("nodeName"),
+    )
+    assert node in GPU_NODES
+
+    # Deleting the stack while the pod holds its claim keeps the DRA plugin on that node.
+    cluster.kubectl("delete", "gpustack", "gpus", "--wait=false")
+    wait_for(
+        "the other nodes to lose the DRA deploy label",
+        lambda: all(
+            DEPLOY_DRA_KUBELET_PLUGIN_LABEL not in n["metadata"].get("labels", {})
+            for name, n in nodes_by_name(cluster).items()
+            if name != node
+        ),
+    )
+    labels = nodes_by_name(cluster)[node]["metadata"]["labels"]
+    assert labels.get(DEPLOY_DRA_KUBELET_PLUGIN_LABEL) == "true"
+    assert (
+        cluster.kubectl(
+            "get", "ds", "-n", "gpuforge-operands", "gpus-dra-kubelet-plugin", check=False
+        ).returncode
+        == 0
+    )
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    delete_stack_and_wait(cluster, "gpus")
+    wait_for("owned objects gone", lambda: not owned_objects(cluster, "gpus"))
+
+
+# --- overlap ---------------------------------------------------------------------------------------------
+def test_younger_stack_is_refused_on_shared_nodes(op_cluster: Any, stacks: list[str]) -> None:
+    cluster = op_cluster
+    older = {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuStack",
+        "metadata": {"name": "a100s"},
+        "spec": {
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "nvidia.com/gpu.product",
+                                "operator": "In",
+                                "values": ["NVIDIA-A100-SXM4-80GB"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        },
+    }
+    stacks.extend(["a100s", "everything"])
+    apply(cluster, yaml.safe_dump(older))
+    wait_for("a100s Ready", lambda: stack_status(cluster, "a100s").get("phase") == "Ready")
+    younger = {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuStack",
+        "metadata": {"name": "everything"},
+        "spec": {"namespace": "gpuforge-everything"},
+    }
+    apply(cluster, yaml.safe_dump(younger))
+
+    def degraded() -> dict[str, Any]:
+        status = stack_status(cluster, "everything")
+        return status if condition(status, "Degraded").get("reason") == "NodeConflict" else {}
+
+    status = wait_for("everything to report the conflict", degraded)
+    message = condition(status, "Degraded")["message"]
+    assert "a100s" in message and "a100-0" in message and "a100-1" in message
+    assert status["nodes"]["conflict"] == 2
+    wait_for(
+        "everything to serve the other nodes",
+        lambda: stack_status(cluster, "everything")["nodes"]["ready"] == 3,
+    )
+    nodes = nodes_by_name(cluster)
+    assert {n for n, v in nodes.items() if v["metadata"]["labels"].get(STACK_LABEL) == "a100s"} == {
+        "a100-0",
+        "a100-1",
+    }
+    events = cluster.kubectl(
+        "get", "events", "-n", "default", "--field-selector=involvedObject.name=everything"
+    ).stdout
+    assert "NodeConflict" in events
+
+
+# --- RBAC: every shipped permission is used ----------------------------------------------------------
+# Requests kopf makes on its own (not counted by gpuforge.k8s): watching and patching GpuStacks.
+FRAMEWORK_USES = {("list", "gpustacks"), ("watch", "gpustacks"), ("patch", "gpustacks"), ("create", "events")}
+# Server-side apply of an object that does not exist yet is authorised as create as well as patch
+# (checked: without create, applying a new namespace fails with 403 "cannot create resource").
+APPLY_CREATES = True
+
+
+def _shipped_rules() -> set[tuple[str, str]]:
+    docs = list(yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    return {
+        (verb, resource) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]
+    }
+
+
+def _delegated(cluster: Any) -> set[tuple[str, str]]:
+    """Permissions the operator grants to operand ServiceAccounts (held so that it may grant them)."""
+    from gpuforge import compat
+    from gpuforge.api.convert import from_dict
+    from gpuforge.api.gpustack import GpuStack, GpuStackSpec, Mode
+    from gpuforge.render.manifests import RenderInput, render
+
+    spec = from_dict(GpuStackSpec, {"mode": "dra", "dra": {"computeDomains": True}})
+    objects = render(RenderInput(GpuStack("x", spec), frozenset({Mode.DRA}), "v1", compat.load()))
+    return {
+        (verb, resource)
+        for o in objects
+        if o["kind"] == "ClusterRole"
+        for rule in o["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_every_shipped_permission_is_used(op_cluster: Any, operator: OperatorProcess) -> None:
+    """Exercise create, update, prune and delete of every kind, then compare the requests the operator
+    made (its metrics) with the shipped ClusterRole."""
+    cluster = op_cluster
+    stack = {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuStack",
+        "metadata": {"name": "rbac"},
+        "spec": {"mode": "dra", "dra": {"computeDomains": True}, "namespace": "gpuforge-rbac"},
+    }
+    apply(cluster, yaml.safe_dump(stack))
+    wait_for(
+        "the ComputeDomain controller Deployment",
+        lambda: (
+            cluster.kubectl(
+                "get", "deploy", "-n", "gpuforge-rbac", "rbac-dra-controller", check=False
+            ).returncode
+            == 0
+        ),
+    )
+    stack["spec"]["dra"]["computeDomains"] = False  # prunes the Deployment and its RBAC
+    apply(cluster, yaml.safe_dump(stack))
+    wait_for(
+        "the Deployment to be pruned",
+        lambda: (
+            cluster.kubectl(
+                "get", "deploy", "-n", "gpuforge-rbac", "rbac-dra-controller", check=False
+            ).returncode
+            != 0
+        ),
+    )
+    stack["spec"]["mode"] = "devicePlugin"  # switches every node over; renders the plugin's ConfigMap
+    apply(cluster, yaml.safe_dump(stack))
+
+    def switched() -> bool:
+        status = stack_status(cluster, "rbac")
+        operands = status.get("operands", {})
+        return status.get("phase") == "Ready" and "devicePlugin" in operands and "draDriver" not in operands
+
+    wait_for("the switch to the device plugin", switched)
+    delete_stack_and_wait(cluster, "rbac")
+
+    used = set(FRAMEWORK_USES)
+    for line in operator.metrics().splitlines():
+        match = re.match(r"gpuforge_api_requests_total\{(.*)\} ([0-9.e+]+)$", line)
+        if match and float(match[2]) > 0:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match[1]))
+            used.add((labels["verb"], labels["resource"]))
+    if APPLY_CREATES:
+        used |= {("create", r) for verb, r in set(used) if verb == "patch"}
+    unused = _shipped_rules() - used - _delegated(op_cluster)
+    assert not unused, f"shipped permissions never used: {sorted(unused)}"
+
+
+# --- older control planes ------------------------------------------------------------------------------
+CLAIM_POD_V1BETA1 = """
+apiVersion: resource.k8s.io/v1beta1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {ns}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - {{name: gpu, deviceClassName: gpu.nvidia.com}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: trainer, namespace: {ns}}}
+spec:
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: one-gpu}}]
+  containers:
+  - name: main
+    image: registry.example/cuda:latest
+    resources: {{claims: [{{name: gpu}}]}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("profile", "api_version"), [("1.33", "v1beta2"), ("1.32", "v1beta1")])
+def test_dra_on_older_control_planes(
+    cluster_factory: Callable[..., Any], tmp_path: Path, profile: str, api_version: str
+) -> None:
+    """DeviceClasses in the best served version; a 1.31 kubelet is refused by name, the rest is served."""
+    pools = (
+        Pool(name="new", count=1, gpu=GpuSpec()),
+        Pool(name="old", count=1, gpu=GpuSpec(), kubelet_version="v1.31.4"),
+    )
+    cluster = cluster_factory(profile=profile, pools=pools, name=f"operator-{profile.replace('.', '')}")
+    handle = start_operator(service_account_kubeconfig(cluster, tmp_path / "kubeconfig"), tmp_path / "op.log")
+    try:
+        apply(cluster, EXAMPLES / "gpustack-dra.yaml")
+
+        def settled() -> dict[str, Any]:
+            status = stack_status(cluster, "gpus")
+            return status if status.get("nodes", {}).get("ready") == 1 else {}
+
+        status = wait_for("the DRA stack on the new node", settled, timeout=120)
+        assert status["draApiVersion"] == f"resource.k8s.io/{api_version}"
+        assert status["nodes"]["refused"] == 1
+        degraded = condition(status, "Degraded")
+        assert degraded["reason"] == "IncompatibleKubelet" and "old-0" in degraded["message"]
+        path = f"/apis/resource.k8s.io/{api_version}/deviceclasses/gpu.nvidia.com"
+        assert cluster.kubectl("get", "--raw", path, check=False).returncode == 0
+        ns = f"t-{secrets.token_hex(3)}"
+        cluster.kubectl("create", "namespace", ns)
+        template = CLAIM_POD_V1BETA1 if api_version == "v1beta1" else CLAIM_POD
+        apply(cluster, template.format(version=api_version, ns=ns))
+        node = wait_for(
+            "the claim pod to be scheduled",
+            lambda: kube_json(cluster, "pod", "-n", ns, "trainer")["spec"].get("nodeName"),
+        )
+        assert node == "new-0"
+    finally:
+        stop_operator(handle)

@@ -1,0 +1,141 @@
+"""Rendered manifests: golden files per scenario, plus the properties every object must have."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge import compat
+from gpuforge.api.convert import from_dict
+from gpuforge.api.gpustack import GpuStack, GpuStackSpec, Mode
+from gpuforge.constants import (
+    COMPONENT_LABEL,
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    MANAGED_BY_LABEL,
+    STACK_LABEL,
+)
+from gpuforge.render.manifests import RenderInput, held_elsewhere, object_key, render
+
+GOLDEN = Path(__file__).parents[2] / "golden" / "render"
+DP, DRA = Mode.DEVICE_PLUGIN, Mode.DRA
+
+CASES: dict[str, tuple[dict[str, Any], frozenset[Mode], str | None]] = {
+    "device-plugin-defaults": ({}, frozenset({DP}), None),
+    "device-plugin-time-slicing": (
+        {
+            "devicePlugin": {
+                "version": "v0.17.4",
+                "image": "registry.example.com/nvidia/k8s-device-plugin",
+                "migStrategy": "mixed",
+                "config": {"sharing": {"timeSlicing": {"replicas": 4, "renameByDefault": True}}},
+            },
+            "namespace": "gpu-a100",
+            "imagePullSecrets": ["registry-creds"],
+            "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+            "priorityClassName": "gpu-critical",
+        },
+        frozenset({DP}),
+        None,
+    ),
+    "dra-v1": ({"mode": "dra"}, frozenset({DRA}), "v1"),
+    "dra-v1beta2": ({"mode": "dra", "dra": {"version": "v25.12.0"}}, frozenset({DRA}), "v1beta2"),
+    "dra-v1beta1-old-release": ({"mode": "dra", "dra": {"version": "v25.3.2"}}, frozenset({DRA}), "v1beta1"),
+    "dra-compute-domains-mig": (
+        {
+            "mode": "dra",
+            "dra": {
+                "computeDomains": True,
+                "deviceClasses": ["gpu.nvidia.com", "mig.nvidia.com"],
+                "extendedResourceMapping": False,
+            },
+        },
+        frozenset({DRA}),
+        "v1",
+    ),
+    "switching-device-plugin-to-dra": ({"mode": "dra"}, frozenset({DP, DRA}), "v1"),
+}
+
+
+def _render(name: str) -> list[dict[str, Any]]:
+    spec, operands, api = CASES[name]
+    stack = GpuStack("a100", from_dict(GpuStackSpec, spec, "spec"))
+    return render(RenderInput(stack, operands, api, compat.load()))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case: str, update_golden: bool) -> None:
+    text = yaml.safe_dump_all(_render(case), sort_keys=False, width=110)
+    path = GOLDEN / f"{case}.yaml"
+    if update_golden:
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run pytest with --update-golden"
+    assert text == path.read_text(), f"{path} differs; review and run pytest with --update-golden"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_object_and_pod_is_labelled(case: str) -> None:
+    for obj in _render(case):
+        labels = obj["metadata"]["labels"]
+        assert labels[MANAGED_BY_LABEL] == "gpuforge"
+        assert labels[STACK_LABEL] == "a100"
+        assert COMPONENT_LABEL in labels
+        template = obj.get("spec", {}).get("template")
+        if template is not None:
+            pod_labels = template["metadata"]["labels"]
+            assert pod_labels[COMPONENT_LABEL] == labels[COMPONENT_LABEL]
+            assert pod_labels[STACK_LABEL] == "a100"
+            assert obj["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize(
+    ("case", "label"),
+    [("device-plugin-defaults", DEPLOY_DEVICE_PLUGIN_LABEL), ("dra-v1", DEPLOY_DRA_KUBELET_PLUGIN_LABEL)],
+)
+def test_plugin_daemonsets_are_gated_per_node_and_replaced_on_delete(case: str, label: str) -> None:
+    (daemonset,) = [o for o in _render(case) if o["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {label: "true", STACK_LABEL: "a100"}
+
+
+@pytest.mark.parametrize(
+    ("case", "api_version", "extended"),
+    [
+        ("dra-v1", "resource.k8s.io/v1", "nvidia.com/gpu"),
+        ("dra-v1beta2", "resource.k8s.io/v1beta2", None),
+        ("dra-v1beta1-old-release", "resource.k8s.io/v1beta1", None),
+    ],
+)
+def test_device_classes_in_the_chosen_version(case: str, api_version: str, extended: str | None) -> None:
+    (device_class,) = [o for o in _render(case) if o["kind"] == "DeviceClass"]
+    assert device_class["apiVersion"] == api_version
+    assert device_class["spec"].get("extendedResourceName") == extended
+
+
+def test_admission_policy_only_where_the_release_ships_one() -> None:
+    kinds = lambda case: {o["kind"] for o in _render(case)}  # noqa: E731
+    assert "ValidatingAdmissionPolicy" in kinds("dra-v1")
+    assert "ValidatingAdmissionPolicy" not in kinds("dra-v1beta1-old-release")
+
+
+def test_no_device_classes_without_a_served_api() -> None:
+    stack = GpuStack("a", GpuStackSpec(mode=DRA))
+    objects = render(RenderInput(stack, frozenset({DRA}), None, compat.load()))
+    assert "DeviceClass" not in {o["kind"] for o in objects}
+
+
+def test_older_stack_holds_shared_objects() -> None:
+    old = GpuStack("old", GpuStackSpec(mode=DRA), creation_timestamp="2026-01-01T00:00:00Z")
+    new = GpuStack("new", GpuStackSpec(mode=DRA), creation_timestamp="2026-02-01T00:00:00Z")
+    c = compat.load()
+    objects = {s.name: render(RenderInput(s, frozenset({DRA}), "v1", c)) for s in (old, new)}
+    shared = held_elsewhere(new, objects["new"], [(old, objects["old"])])
+    assert shared == {
+        ("", "Namespace", "", "gpuforge-operands"),
+        ("resource.k8s.io", "DeviceClass", "", "gpu.nvidia.com"),
+    }
+    assert held_elsewhere(old, objects["old"], [(new, objects["new"])]) == set()
+    assert object_key(objects["new"][0]) == ("", "Namespace", "", "gpuforge-operands")

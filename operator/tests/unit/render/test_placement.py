@@ -1,0 +1,280 @@
+"""Node placement of a GpuStack: selection, overlap, refusals, and the safe order of a mode switch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from gpuforge import compat
+from gpuforge.api import conditions as c
+from gpuforge.api.cluster import NodeFacts, OperandPod
+from gpuforge.api.gpustack import (
+    GpuStack,
+    GpuStackSpec,
+    Mode,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    SelectorOperator,
+)
+from gpuforge.constants import (
+    COMPONENT_DEVICE_PLUGIN,
+    COMPONENT_DRA_KUBELET_PLUGIN,
+    STACK_LABEL,
+)
+from gpuforge.constants import (
+    DEPLOY_DEVICE_PLUGIN_LABEL as DP_LABEL,
+)
+from gpuforge.constants import (
+    DEPLOY_DRA_KUBELET_PLUGIN_LABEL as DRA_LABEL,
+)
+from gpuforge.render.placement import NodeState, choose_operand, needs_claim_check, place, release, selects
+
+C = compat.load()
+ALL_APIS = frozenset({"v1", "v1beta1", "v1beta2"})
+GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+
+
+def req(key: str, op: str, *values: str) -> NodeSelectorRequirement:
+    return NodeSelectorRequirement(key, SelectorOperator(op), tuple(values))
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
+        ({"feature.node.kubernetes.io/pci-0302_10de.present": "true"}, True),
+        ({"nvidia.com/gpu.present": "true"}, True),
+        ({"feature.node.kubernetes.io/pci-10de.present": "false"}, False),
+        ({}, False),
+    ],
+)
+def test_default_selector_any_nfd_variant(labels: Mapping[str, str], expected: bool) -> None:
+    assert selects(GpuStackSpec().node_selector, labels) is expected
+
+
+@pytest.mark.parametrize(
+    ("requirement", "labels", "expected"),
+    [
+        (req("pool", "In", "a", "b"), {"pool": "b"}, True),
+        (req("pool", "NotIn", "a"), {}, True),
+        (req("pool", "NotIn", "a"), {"pool": "a"}, False),
+        (req("pool", "Exists"), {"pool": ""}, True),
+        (req("pool", "DoesNotExist"), {"pool": "x"}, False),
+        (req("mem", "Gt", "40000"), {"mem": "81920"}, True),
+        (req("mem", "Lt", "40000"), {"mem": "81920"}, False),
+        (req("mem", "Gt", "1"), {"mem": "lots"}, False),
+    ],
+)
+def test_selector_operators(
+    requirement: NodeSelectorRequirement, labels: dict[str, str], expected: bool
+) -> None:
+    assert selects(NodeSelector((NodeSelectorTerm((requirement,)),)), labels) is expected
+
+
+# --- one node: the safe order of a switch ------------------------------------------------------------
+def node(
+    name: str = "n1",
+    *,
+    labels: Mapping[str, str] | None = None,
+    kubelet: str = "v1.36.5",
+    gpu: int = 0,
+    slices: int = 0,
+    claims: int | None = None,
+) -> NodeFacts:
+    return NodeFacts(
+        name, {**GPU, **(labels or {})}, kubelet, gpu_capacity=gpu, dra_slices=slices, claim_pods=claims
+    )
+
+
+MINE = {STACK_LABEL: "s"}
+
+
+@pytest.mark.parametrize(
+    ("facts", "mode", "ready", "state", "patch"),
+    [
+        # fresh node: take it and set the deploy label in one patch
+        (node(), Mode.DEVICE_PLUGIN, False, NodeState.PENDING, {STACK_LABEL: "s", DP_LABEL: "true"}),
+        (node(labels={**MINE, DP_LABEL: "true"}), Mode.DEVICE_PLUGIN, False, NodeState.PENDING, {}),
+        (node(labels={**MINE, DP_LABEL: "true"}, gpu=8), Mode.DEVICE_PLUGIN, True, NodeState.READY, {}),
+        # plugin Ready but nothing advertised yet: still pending
+        (node(labels={**MINE, DP_LABEL: "true"}), Mode.DEVICE_PLUGIN, True, NodeState.PENDING, {}),
+        # device plugin -> DRA: remove the old label first, never both
+        (
+            node(labels={**MINE, DP_LABEL: "true"}, gpu=8),
+            Mode.DRA,
+            False,
+            NodeState.SWITCHING,
+            {DP_LABEL: None},
+        ),
+        # old label gone, old advertisement still there: wait
+        (node(labels=MINE, gpu=8), Mode.DRA, False, NodeState.SWITCHING, {}),
+        (node(labels=MINE), Mode.DRA, False, NodeState.PENDING, {DRA_LABEL: "true"}),
+        (node(labels={**MINE, DRA_LABEL: "true"}, slices=1), Mode.DRA, True, NodeState.READY, {}),
+        # DRA -> device plugin: the DRA plugin stays while pods hold claims
+        (
+            node(labels={**MINE, DRA_LABEL: "true"}, claims=2),
+            Mode.DEVICE_PLUGIN,
+            False,
+            NodeState.SWITCHING,
+            {},
+        ),
+        (node(labels={**MINE, DRA_LABEL: "true"}), Mode.DEVICE_PLUGIN, False, NodeState.SWITCHING, {}),
+        (
+            node(labels={**MINE, DRA_LABEL: "true"}, claims=0, slices=1),
+            Mode.DEVICE_PLUGIN,
+            False,
+            NodeState.SWITCHING,
+            {DRA_LABEL: None},
+        ),
+        (node(labels=MINE, slices=1), Mode.DEVICE_PLUGIN, False, NodeState.SWITCHING, {}),
+    ],
+)
+def test_choose_operand(
+    facts: NodeFacts, mode: Mode, ready: bool, state: NodeState, patch: dict[str, str | None]
+) -> None:
+    step = choose_operand(facts, "s", mode, ready)
+    assert (step.state, dict(step.labels)) == (state, patch)
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize(
+    "labels", [{}, MINE, {**MINE, DP_LABEL: "true"}, {**MINE, DRA_LABEL: "true"}, {**MINE, DP_LABEL: "x"}]
+)
+def test_never_both_deploy_labels(mode: Mode, labels: dict[str, str]) -> None:
+    facts = node(labels=labels, gpu=1, slices=1, claims=0)
+    after = {**facts.labels}
+    for key, value in choose_operand(facts, "s", mode, True).labels.items():
+        if value is None:
+            after.pop(key, None)
+        else:
+            after[key] = value
+    assert not (DP_LABEL in after and DRA_LABEL in after and after[DP_LABEL] == after[DRA_LABEL] == "true")
+
+
+@pytest.mark.parametrize(
+    ("labels", "claims", "patch"),
+    [
+        ({**MINE, DP_LABEL: "true"}, None, {DP_LABEL: None, STACK_LABEL: None}),
+        ({**MINE, DRA_LABEL: "true"}, 1, {}),
+        ({**MINE, DRA_LABEL: "true"}, 0, {DRA_LABEL: None, STACK_LABEL: None}),
+    ],
+)
+def test_release(labels: dict[str, str], claims: int | None, patch: dict[str, str | None]) -> None:
+    assert dict(release(node(labels=labels, claims=claims)).labels) == patch
+
+
+# --- the whole stack ---------------------------------------------------------------------------------------
+def stack(
+    name: str = "s",
+    mode: Mode = Mode.DEVICE_PLUGIN,
+    created: str = "2026-01-01T00:00:00Z",
+    selector: NodeSelector | None = None,
+    version: str | None = None,
+) -> GpuStack:
+    spec = GpuStackSpec(mode=mode)
+    if selector is not None:
+        spec = GpuStackSpec(mode=mode, node_selector=selector)
+    if version is not None:
+        from dataclasses import replace
+
+        spec = replace(spec, dra=replace(spec.dra, version=version))
+    return GpuStack(name, spec, creation_timestamp=created)
+
+
+def test_fresh_nodes_are_labelled_and_others_left_alone() -> None:
+    nodes = [node("g1"), node("g2"), NodeFacts("cpu", {}, "v1.36.0")]
+    placement = place(stack(), nodes, [stack()], [], ALL_APIS, C)
+    assert [s.node for s in placement.steps] == ["g1", "g2"]
+    assert all(s.labels == {STACK_LABEL: "s", DP_LABEL: "true"} for s in placement.steps)
+    assert placement.problems == () and placement.releases == ()
+
+
+def test_ready_needs_the_stacks_own_plugin_pod() -> None:
+    facts = node("g1", labels={**MINE, DP_LABEL: "true"}, gpu=8)
+    other_pod = OperandPod("p", "g1", "other", COMPONENT_DEVICE_PLUGIN, True)
+    own_pod = OperandPod("p", "g1", "s", COMPONENT_DEVICE_PLUGIN, True)
+    assert place(stack(), [facts], [stack()], [other_pod], ALL_APIS, C).steps[0].state is NodeState.PENDING
+    assert place(stack(), [facts], [stack()], [own_pod], ALL_APIS, C).steps[0].state is NodeState.READY
+
+
+def test_younger_stack_is_refused_on_shared_nodes() -> None:
+    old, young = stack("old"), stack("young", created="2026-03-01T00:00:00Z")
+    nodes = [node("g1", labels={STACK_LABEL: "young", DP_LABEL: "true"}), node("g2")]
+    placement = place(young, nodes, [old, young], [], ALL_APIS, C)
+    assert {s.state for s in placement.steps} == {NodeState.CONFLICT}
+    (problem,) = placement.problems
+    assert problem.reason == c.NODE_CONFLICT and "old" in problem.message and "g1, g2" in problem.message
+    # it lets go of the node it held
+    assert [(r.node, dict(r.labels)) for r in placement.releases] == [
+        ("g1", {DP_LABEL: None, STACK_LABEL: None})
+    ]
+    # the older one waits for the younger to let go, then takes the node
+    older = place(old, nodes, [old, young], [], ALL_APIS, C)
+    assert [(s.node, s.state) for s in older.steps] == [("g1", NodeState.PENDING), ("g2", NodeState.PENDING)]
+    assert older.steps[0].labels == {} and "young" in older.steps[0].detail
+
+
+def test_unselected_node_is_released() -> None:
+    pool_b = NodeSelector((NodeSelectorTerm((req("pool", "In", "b"),)),))
+    facts = node("g1", labels={**MINE, "pool": "a", DP_LABEL: "true"})
+    placement = place(stack(selector=pool_b), [facts], [stack()], [], ALL_APIS, C)
+    assert placement.steps == ()
+    assert dict(placement.releases[0].labels) == {DP_LABEL: None, STACK_LABEL: None}
+    assert placement.operands == frozenset({Mode.DEVICE_PLUGIN})
+
+
+@pytest.mark.parametrize(
+    ("kubelet", "served", "reason", "text"),
+    [
+        ("v1.31.4", ALL_APIS, c.INCOMPATIBLE_KUBELET, "needs Kubernetes 1.32"),
+        ("v1.33.1", frozenset({"v1"}), c.INCOMPATIBLE_KUBELET, "resource.k8s.io/v1beta1"),
+        ("v1.36.5", frozenset(), c.DRA_API_NOT_SERVED, "serves no usable resource.k8s.io version"),
+    ],
+)
+def test_dra_refusals_name_the_nodes(kubelet: str, served: frozenset[str], reason: str, text: str) -> None:
+    nodes = [node("old-1", kubelet=kubelet), node("old-2", kubelet=kubelet)]
+    placement = place(stack(mode=Mode.DRA), nodes, [stack(mode=Mode.DRA)], [], served, C)
+    assert {s.state for s in placement.steps} == {NodeState.REFUSED}
+    assert all(s.labels == {} for s in placement.steps)
+    (problem,) = placement.problems
+    assert problem.reason == reason and text in problem.message
+    assert problem.nodes == ("old-1", "old-2") and "old-1, old-2" in problem.message
+
+
+def test_refused_node_already_running_is_left_running() -> None:
+    facts = node("g1", labels={**MINE, DRA_LABEL: "true"}, kubelet="v1.31.0", slices=1)
+    placement = place(stack(mode=Mode.DRA), [facts], [stack(mode=Mode.DRA)], [], ALL_APIS, C)
+    assert placement.steps[0].labels == {} and placement.steps[0].state is not NodeState.REFUSED
+
+
+def test_unknown_release_is_reported_once() -> None:
+    s = stack(mode=Mode.DRA, version="v3.0.0")
+    placement = place(s, [node("g1"), node("g2")], [s], [], ALL_APIS, C)
+    assert [p.reason for p in placement.problems] == [c.UNKNOWN_RELEASE]
+
+
+def test_switching_keeps_the_old_operand_until_no_node_runs_it() -> None:
+    nodes = [
+        node("g1", labels={**MINE, DP_LABEL: "true"}, gpu=8),
+        node("g2", labels={**MINE, DRA_LABEL: "true"}),
+    ]
+    placement = place(stack(mode=Mode.DRA), nodes, [stack(mode=Mode.DRA)], [], ALL_APIS, C)
+    assert placement.operands == frozenset({Mode.DRA, Mode.DEVICE_PLUGIN})
+    after = [node("g1", labels=MINE), node("g2", labels={**MINE, DRA_LABEL: "true"})]
+    assert place(stack(mode=Mode.DRA), after, [stack(mode=Mode.DRA)], [], ALL_APIS, C).operands == {Mode.DRA}
+
+
+def test_claim_checks_only_where_the_dra_plugin_may_leave() -> None:
+    nodes = [node("stay", labels={**MINE, DRA_LABEL: "true"}), node("fresh")]
+    assert needs_claim_check(stack(mode=Mode.DRA), nodes, [stack(mode=Mode.DRA)]) == []
+    assert needs_claim_check(stack(mode=Mode.DEVICE_PLUGIN), nodes, [stack()]) == ["stay"]
+
+
+def test_dra_pods_count_for_dra_nodes() -> None:
+    facts = node("g1", labels={**MINE, DRA_LABEL: "true"}, slices=2)
+    pod = OperandPod("p", "g1", "s", COMPONENT_DRA_KUBELET_PLUGIN, True)
+    placement = place(stack(mode=Mode.DRA), [facts], [stack(mode=Mode.DRA)], [pod], ALL_APIS, C)
+    assert placement.steps[0].state is NodeState.READY
+    assert placement.dra_api_version == "v1"
