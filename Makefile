@@ -44,15 +44,19 @@ test-unit: venv ## Unit tests of the pure core (no cluster)
 test-integration: controlplane ## Tests against the real local control plane
 	cd operator && $(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
 
-test: venv controlplane lint $(EXTRA_LINT) ## Set everything up and run every test
+test: venv controlplane lint $(EXTRA_LINT) ## Set everything up and run every test (and the demo)
 	cd operator && $(BIN)/pytest -q tests $(PYTEST_ARGS)
 	$(if $(strip $(EXTRA_TESTS)),@$(MAKE) --no-print-directory $(EXTRA_TESTS))
+	@$(MAKE) --no-print-directory demo-check
 
 bench: controlplane ## Run the benchmarks, write bench/results/*.json and print a table
 	$(BIN)/python bench/run.py
 
-demo: controlplane ## Set everything up and run the demo end to end
-	$(GPUFORGE) demo
+demo: controlplane ansible-host-image ## Set everything up and run the demo end to end
+	$(GPUFORGE) demo $(DEMO_ARGS)
+
+demo-check: controlplane ansible-host-image ## The demo as a test: runs it end to end, fails if any step fails
+	$(GPUFORGE) demo --name demo-check
 
 clean: ## Stop local clusters and remove the virtual environment (the build cache stays)
 	-$(GPUFORGE) dev cluster down --all

@@ -1,0 +1,489 @@
+"""`gpuforge demo`: the whole story on this machine, no cluster and no GPU needed.
+
+1. bootstrap a real Debian host with playbooks/site.yml against the imitation NVIDIA repositories;
+2. start a local cluster with three GPU pools, the operator and the quota webhook;
+3. apply GpuStacks in device-plugin mode and show the nodes advertising GPUs;
+4. apply a quota tree and submit workloads: some admitted, one denied;
+5. migrate the H100 pool to DRA node by node, with a live view, while workloads keep running;
+6. show `gpuforge status` and `gpuforge quota tree`, and how to explore and clean up.
+Each step fails loudly (exit 1) if what it shows does not happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import yaml
+from rich.console import Console
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from gpuforge.constants import (
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    GPU_RESOURCE,
+    NODE_STATE_LABEL,
+    SIM_POOL_LABEL,
+)
+from gpuforge.devcluster.cluster import DevCluster
+from gpuforge.devcluster.pools import GpuSpec, Pool
+
+T = TypeVar("T")
+# Wide enough for the node table when the output is a log rather than a terminal.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+H100_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+DEMO_POOLS = (
+    Pool(
+        name="h100",
+        count=3,
+        kubelet_version="v1.34.2",
+        gpu=GpuSpec(product="NVIDIA H100 80GB HBM3", count=8, memory_mib=81559, compute_capability="9.0",
+                    architecture="Hopper"),
+    ),
+    Pool(name="a100", count=3, gpu=GpuSpec()),
+    Pool(
+        name="l4",
+        count=2,
+        gpu=GpuSpec(product="NVIDIA L4", count=1, memory_mib=23034, compute_capability="8.9",
+                    architecture="Ada Lovelace", mig_capable=False),
+    ),
+)  # fmt: skip
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _repo_root() -> Path:
+    """The checkout the demo runs from (it applies the example and deploy files there)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "galaxy.yml").exists() and (parent / "operator").is_dir():
+            return parent
+    raise DemoError("run the demo from a gpuforge checkout (make demo)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(what: str, check: Callable[[], T], timeout: float = 120.0, interval: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def step(number: int, title: str, text: str) -> None:
+    console.print()
+    console.rule(f"[bold]Step {number}: {title}")
+    console.print(text)
+
+
+@dataclass
+class Demo:
+    root: Path
+    cluster: DevCluster
+    log_dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    # --- helpers -------------------------------------------------------------------------------------
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        result = self.cluster.kubectl(*args, input=input, check=False)
+        if check and result.returncode != 0:
+            raise DemoError(f"kubectl {' '.join(args)} failed:\n{result.stderr.strip()}")
+        return result.stdout if result.returncode == 0 else result.stderr
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def gpuforge(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuforge", *args], env=env, text=True, capture_output=True, check=False
+        )
+        if check and result.returncode != 0:
+            raise DemoError(f"gpuforge {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+        return result
+
+    def start(self, name: str, *args: str) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        log = (self.log_dir / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "gpuforge", *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop_processes(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def check_processes(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-20:]
+                raise DemoError(f"{name} exited ({process.returncode}):\n" + "\n".join(tail))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.get_json("nodes")["items"]
+        return sorted(items, key=lambda n: n["metadata"]["name"])
+
+    def slices_by_node(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for item in self.get_json("resourceslices")["items"]:
+            node = item["spec"].get("nodeName") or ""
+            counts[node] = counts.get(node, 0) + len(item["spec"].get("devices", []))
+        return counts
+
+    def node_table(self, title: str) -> Table:
+        slices = self.slices_by_node()
+        table = Table(title=title)
+        for column in ("node", "pool", "GPU", "kubelet", "stack", "nvidia.com/gpu", "DRA devices", "state", "cordoned"):
+            table.add_column(column)
+        for node in self.nodes():
+            labels = node["metadata"].get("labels", {})
+            if "nvidia.com/gpu.present" not in labels:
+                continue
+            name = node["metadata"]["name"]
+            stack = (
+                "device plugin"
+                if labels.get(DEPLOY_DEVICE_PLUGIN_LABEL) == "true"
+                else "DRA"
+                if labels.get(DEPLOY_DRA_KUBELET_PLUGIN_LABEL) == "true"
+                else "-"
+            )
+            table.add_row(
+                name,
+                labels.get(SIM_POOL_LABEL, ""),
+                labels.get("nvidia.com/gpu.product", "").removeprefix("NVIDIA-"),
+                node["status"]["nodeInfo"]["kubeletVersion"],
+                stack,
+                (node["status"].get("capacity") or {}).get(GPU_RESOURCE, "-"),
+                str(slices.get(name, "-")),
+                labels.get(NODE_STATE_LABEL, "-"),
+                "yes" if node["spec"].get("unschedulable") else "",
+            )
+        return table
+
+    # --- steps ---------------------------------------------------------------------------------------
+    def bootstrap_host(self) -> None:
+        step(
+            1,
+            "bootstrap a real Debian host with Ansible",
+            "A Debian 12 container with systemd (podman) plays a GPU node; a local imitation of NVIDIA's apt\n"
+            "repositories serves the driver and toolkit. Only the GPUs are simulated: the stub nvidia-smi\n"
+            "reports one H100. playbooks/site.yml installs the driver, the container toolkit and the NFD features.",
+        )
+        if shutil.which("podman") is None:
+            console.print("[yellow]podman is not available here: skipping step 1 (the cluster steps still run).[/]")
+            return
+        lab = [sys.executable, str(self.root / "tests/ansible/lab.py")]
+        subprocess.run([*lab, "down", "--name", "demo"], capture_output=True, check=False)
+        started = subprocess.run(
+            [*lab, "up", "--name", "demo", "--host", "gpu-node-1=h100:1"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if started.returncode != 0:
+            console.print(f"[yellow]Cannot start a Debian host here ({started.stderr.strip()[-300:]}): skipping step 1.[/]")
+            return
+        try:
+            lab_info = json.loads(started.stdout)
+            inventory = str(lab_info["inventory"])
+            console.print(f"$ ansible-playbook -i {inventory} playbooks/site.yml")
+            playbook = subprocess.run(
+                [str(Path(sys.executable).parent / "ansible-playbook"), "-i", inventory, "playbooks/site.yml"],
+                cwd=self.root,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            recap = playbook.stdout[playbook.stdout.rfind("PLAY RECAP") :].strip()
+            console.print(recap or playbook.stdout[-1500:])
+            if playbook.returncode != 0:
+                raise DemoError(f"site.yml failed:\n{playbook.stdout[-3000:]}")
+            features = subprocess.run(
+                ["podman", "exec", str(lab_info["hosts"][0]["container"]), "sh", "-c",
+                 "cat /etc/kubernetes/node-feature-discovery/features.d/*"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            console.print(Panel(features.stdout.strip() or features.stderr.strip(), title="NFD features written"))
+        finally:
+            subprocess.run([*lab, "down", "--name", "demo"], capture_output=True, check=False)
+
+    def start_cluster(self, profile: str) -> None:
+        step(
+            2,
+            "start a local cluster, the operator and the quota webhook",
+            "Real etcd, kube-apiserver, controller-manager and scheduler; kwok plays 8 GPU nodes in three pools\n"
+            "(H100 on kubelet 1.34, A100, L4). The operator and the webhook run on this machine.",
+        )
+        self.cluster.down()
+        seconds = self.cluster.up(profile, DEMO_POOLS, console=Console(stderr=True, soft_wrap=True))
+        console.print(f"cluster up in {seconds:.1f}s; KUBECONFIG={self.cluster.kubeconfig}")
+        deploy = self.root / "operator" / "deploy"
+        self.kubectl("apply", "--server-side", "-f", str(deploy / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io")
+        self.start("operator", "operator", "run", "--liveness-port", "0", "--metrics-port", str(_free_port()))
+        self.start(
+            "webhook", "webhook", "run", "--register", "--port", "0", "--name", "gpuforge-demo-quota"
+        )
+        wait_for(
+            "the quota webhook to register",
+            lambda: "gpuforge-demo-quota" in self.kubectl("get", "validatingwebhookconfigurations", "-o", "name"),
+            timeout=60,
+        )
+        self.check_processes()
+        console.print("operator and webhook running (logs in " + str(self.log_dir) + ")")
+
+    def device_plugin(self) -> None:
+        step(
+            3,
+            "hand out GPUs with the NVIDIA device plugin",
+            "Two GpuStacks in device-plugin mode: 'training' on the H100 pool, 'shared' on the others.",
+        )
+        stacks = [
+            _stack("training", "devicePlugin", [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]}]),
+            _stack("shared", "devicePlugin", [
+                {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+                {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": [H100_PRODUCT]},
+            ]),
+        ]  # fmt: skip
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(stacks))
+        console.print("$ kubectl apply -f gpustacks.yaml   (training: H100 pool, shared: A100 + L4)")
+        wait_for("both GpuStacks Ready", lambda: self.stacks_ready(["training", "shared"]), timeout=180)
+        wait_for("every GPU node advertising nvidia.com/gpu", self.all_advertising, timeout=120)
+        console.print(self.node_table("GPU nodes after the device plugin rolled out"))
+        console.print(self.kubectl("get", "gpustacks"))
+
+    def stacks_ready(self, names: list[str]) -> bool:
+        self.check_processes()
+        stacks = {s["metadata"]["name"]: s for s in self.get_json("gpustacks")["items"]}
+        for name in names:
+            conditions = (stacks.get(name, {}).get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+                return False
+        return True
+
+    def all_advertising(self) -> bool:
+        for node in self.nodes():
+            if "nvidia.com/gpu.present" in node["metadata"].get("labels", {}):
+                if int((node["status"].get("capacity") or {}).get(GPU_RESOURCE, "0")) == 0:
+                    return False
+        return True
+
+    def quota(self) -> None:
+        step(
+            4,
+            "limit GPUs with a hierarchical quota",
+            "A tree org -> research -> research-vision, and org -> inference. Workloads name their quota with the\n"
+            "label gpuforge.io/quota; the webhook admits whole workloads or nothing.",
+        )
+        self.kubectl("apply", "-f", str(self.root / "examples" / "quota-tree.yaml"))
+        self.kubectl("create", "namespace", "ml")
+        admitted = [
+            _workload("vision-train", "research-vision", replicas=2, gpus=1, model="H100"),
+            _workload("serving", "inference", replicas=2, gpus=1),
+        ]
+        for workload in admitted:
+            self.kubectl("apply", "-n", "ml", "-f", "-", input=yaml.safe_dump(workload))
+            console.print(f"[green]admitted[/] {workload['metadata']['name']} "
+                          f"({workload['spec']['replicas']} x 1 GPU, quota {workload['metadata']['labels']['gpuforge.io/quota']})")  # fmt: skip
+        denied = _workload("vision-big", "research-vision", replicas=1, gpus=1, model="H100")
+        result = self.cluster.kubectl("apply", "-n", "ml", "-f", "-", input=yaml.safe_dump(denied), check=False)
+        if result.returncode == 0:
+            raise DemoError("vision-big should have been denied: research-vision has 4 H100s and all are in use")
+        console.print(f"[red]denied[/] vision-big: {result.stderr.strip()}")
+        wait_for(
+            "the quota workloads Running",
+            lambda: self.ready_replicas("ml", "vision-train") == 2 and self.ready_replicas("ml", "serving") == 2,
+            timeout=120,
+        )
+        console.print(self.gpuforge("quota", "tree").stdout)
+
+    def ready_replicas(self, namespace: str, name: str) -> int:
+        deployment = self.get_json("deployment", name, "-n", namespace)
+        return int((deployment.get("status") or {}).get("readyReplicas") or 0)
+
+    def migrate(self) -> None:
+        step(
+            5,
+            "migrate the H100 pool from the device plugin to DRA, node by node",
+            "kubectl patch gpustack training --type merge -p '{\"spec\":{\"mode\":\"dra\"}}'\n"
+            "Each node is cordoned, its GPU pods move, the device plugin leaves, the DRA kubelet plugin starts and\n"
+            "publishes ResourceSlices, and the node is uncordoned; never more than one node at a time.\n"
+            "The workloads on the other pools keep running throughout.",
+        )
+        self.kubectl("patch", "gpustack", "training", "--type", "merge", "-p", json.dumps({"spec": {"mode": "dra"}}))
+        deadline = time.monotonic() + 300
+        with Live(self.node_table("migrating"), console=console, refresh_per_second=2) as live:
+            while True:
+                self.check_processes()
+                live.update(self.node_table("migrating the H100 pool to DRA"))
+                if self.h100_on_dra() and self.stacks_ready(["training"]):
+                    break
+                if time.monotonic() > deadline:
+                    raise DemoError("the migration did not finish within 5 minutes; see `gpuforge status`")
+                time.sleep(1)
+        violations = self.cluster.violations()
+        if violations:
+            raise DemoError(f"a node advertised GPUs through both stacks at once: {violations[:3]}")
+        if self.ready_replicas("ml", "serving") != 2:
+            raise DemoError("the inference workload on the L4 pool stopped serving during the migration")
+        console.print("[green]H100 pool on DRA; no node ever advertised through both stacks; serving kept running.[/]")
+
+    def h100_on_dra(self) -> bool:
+        slices = self.slices_by_node()
+        for node in self.nodes():
+            labels = node["metadata"].get("labels", {})
+            if labels.get("nvidia.com/gpu.product") != H100_PRODUCT:
+                continue
+            name = node["metadata"]["name"]
+            capacity = int((node["status"].get("capacity") or {}).get(GPU_RESOURCE, "0"))
+            if capacity != 0 or slices.get(name, 0) == 0 or node["spec"].get("unschedulable"):
+                return False
+        return True
+
+    def summary(self, kept: bool) -> None:
+        step(6, "where things stand", "")
+        console.print(self.gpuforge("status").stdout)
+        console.print(self.gpuforge("quota", "tree").stdout)
+        if kept:
+            console.print(
+                f"Explore: export KUBECONFIG={self.cluster.kubeconfig}; kubectl get gpustacks,gpuquotas,"
+                "resourceslices; gpuforge plan; gpuforge status.\n"
+                "Clean up: press Ctrl-C here (stops the operator and webhook), then "
+                f"`gpuforge dev cluster down --name {self.cluster.name}`."
+            )
+        else:
+            console.print("To explore afterwards, run `gpuforge demo --keep`; this run cleans up after itself.")
+
+
+def _stack(name: str, mode: str, expressions: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuStack",
+        "metadata": {"name": name},
+        "spec": {
+            "mode": mode,
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": expressions}]},
+            "namespace": "gpuforge-operands",
+            "devicePlugin": {"version": "v0.20.0"},
+            "dra": {"version": "v25.12.0", "extendedResourceMapping": True},
+            "upgradePolicy": {"maxUnavailable": 1, "drain": {"enable": True, "force": True, "timeoutSeconds": 60}},
+        },
+    }
+
+
+def _workload(name: str, quota: str, replicas: int, gpus: int, model: str = "") -> dict[str, Any]:
+    labels = {"gpuforge.io/quota": quota}
+    if model:
+        labels["gpuforge.io/gpu-model"] = model
+    selector: dict[str, str] = {"nvidia.com/gpu.product": H100_PRODUCT} if model == "H100" else {}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": selector,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.example/cuda-app:1",
+                            "resources": {
+                                "requests": {"cpu": "1", "memory": "4Gi"},
+                                "limits": {GPU_RESOURCE: str(gpus)},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+@contextlib.contextmanager
+def _interrupt_is_clean() -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.print("\ninterrupted")
+
+
+@click.command()
+@click.option("--name", default="demo", show_default=True, help="Name of the local cluster the demo starts.")
+@click.option("--keep", is_flag=True, help="Leave everything running at the end, until Ctrl-C.")
+@click.option("--skip-ansible", is_flag=True, help="Skip step 1 (the Debian host).")
+@click.option("--api-profile", default="1.36", show_default=True, help="API profile of the demo cluster.")
+def demo(name: str, keep: bool, skip_ansible: bool, api_profile: str) -> None:
+    """Run the whole story on a local control plane: provision, hand out, limit and migrate GPUs."""
+    root = _repo_root()
+    cluster = DevCluster(name)
+    log_dir = cluster.state_dir.parent / f"{name}-demo-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run = Demo(root=root, cluster=cluster, log_dir=log_dir)
+    started = time.monotonic()
+    failed = False
+    try:
+        if not skip_ansible:
+            run.bootstrap_host()
+        run.start_cluster(api_profile)
+        run.device_plugin()
+        run.quota()
+        run.migrate()
+        run.summary(kept=keep)
+        console.print(f"\n[bold green]Demo finished in {time.monotonic() - started:.0f}s.[/]")
+        if keep:
+            with _interrupt_is_clean():
+                while True:
+                    run.check_processes()
+                    time.sleep(2)
+    except DemoError as error:
+        failed = True
+        console.print(f"\n[bold red]Demo failed:[/] {error}")
+        console.print(f"Logs: {log_dir} and {cluster.log_dir}")
+    finally:
+        run.stop_processes()
+        if not keep or failed:
+            cluster.down()
+    if failed:
+        sys.exit(1)
