@@ -6,7 +6,7 @@ Measures (p50/p99 at concurrency 1, 8, 32):
 - one contended quota: creates racing for its last GPUs; over-admission must be zero.
 
 Usage: python bench/bench_quota.py --out bench/results/quota.json [--kubeconfig FILE]
-Without --kubeconfig a local control plane named bench-quota is started and stopped.
+Without --kubeconfig a local control plane is started in a temporary state root and stopped.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from gpuforge.k8s.quota import load_credentials
@@ -68,7 +69,7 @@ class Cluster:
         self.kubeconfig = kubeconfig
         self.session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> Cluster:
+    async def __aenter__(self) -> Self:
         self.session = aiohttp.ClientSession(
             base_url=self.credentials.server.rstrip("/") + "/",
             connector=aiohttp.TCPConnector(ssl=self.credentials.ssl_context, limit=64),
@@ -134,7 +135,7 @@ async def create_quota(cluster: Cluster, name: str, gpus: int) -> None:
         raise RuntimeError(f"creating GpuQuota {name}: {status} {answer}")
 
 
-def review(index: int, quota: str, namespace: str) -> bytes:
+def review(index: int, quota: str, namespace: str, dry_run: bool = False) -> bytes:
     obj = deployment(f"direct{index}", quota)
     obj["metadata"]["namespace"] = namespace
     obj["metadata"]["generation"] = 1
@@ -151,6 +152,7 @@ def review(index: int, quota: str, namespace: str) -> bytes:
                     "resource": "deployments",
                 },
                 "operation": "CREATE",
+                "dryRun": dry_run,
                 "namespace": namespace,
                 "name": obj["metadata"]["name"],
                 "object": obj,
@@ -160,7 +162,7 @@ def review(index: int, quota: str, namespace: str) -> bytes:
 
 
 async def direct_admissions(
-    url: str, quotas: list[str], count: int, concurrency: int
+    url: str, quotas: list[str], count: int, concurrency: int, dry_run: bool = False
 ) -> list[float]:
     latencies: list[float] = []
     queue = list(range(count))
@@ -171,7 +173,9 @@ async def direct_admissions(
         async def worker() -> None:
             while queue:
                 index = queue.pop()
-                body = review(index, quotas[index % len(quotas)], "bench-direct")
+                body = review(
+                    index, quotas[index % len(quotas)], "bench-direct", dry_run
+                )
                 started = time.perf_counter()
                 async with session.post(
                     f"{url}/validate-workloads",
@@ -296,6 +300,27 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                         10.0,
                     )
                 )
+            # Dry-run admissions are decided from the watch-fed cache and write nothing: the cost of
+            # the webhook itself, without the reservation write to the API server.
+            for concurrency in CONCURRENCY:
+                latencies = await direct_admissions(
+                    url, many, 100 * concurrency // 4 + 100, concurrency, dry_run=True
+                )
+                results.append(
+                    result(
+                        f"webhook dry-run admission p50, {MANY_QUOTAS} quotas, c={concurrency}",
+                        percentile(latencies, 0.5) * 1000,
+                        "ms",
+                    )
+                )
+                results.append(
+                    result(
+                        f"webhook dry-run admission p99, {MANY_QUOTAS} quotas, c={concurrency}",
+                        percentile(latencies, 0.99) * 1000,
+                        "ms",
+                        10.0,
+                    )
+                )
             for concurrency in CONCURRENCY:
                 ns = await namespace(cluster)
                 latencies, _ = await timed_creates(
@@ -385,35 +410,21 @@ def main() -> None:
     args = parser.parse_args()
     work = args.out.parent / "quota-work"
     work.mkdir(parents=True, exist_ok=True)
-    gpuforge = [sys.executable, "-m", "gpuforge"]
-    kubeconfig = args.kubeconfig
-    started = kubeconfig is None
-    if started:
-        up = subprocess.run(
-            [
-                *gpuforge,
-                "dev",
-                "cluster",
-                "up",
-                "--name",
-                "bench-quota",
-                "--nodes",
-                "1",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        kubeconfig = Path(up.stdout.strip().splitlines()[-1])
-    try:
-        assert kubeconfig is not None
-        results = asyncio.run(bench(kubeconfig, work))
-    finally:
-        if started:
-            subprocess.run(
-                [*gpuforge, "dev", "cluster", "down", "--name", "bench-quota"],
-                check=False,
-            )
+    if args.kubeconfig is not None:
+        results = asyncio.run(bench(args.kubeconfig, work))
+    else:
+        # Our own throwaway cluster in a temporary state root: works on a fresh machine and never
+        # touches the user's clusters.
+        from gpuforge.devcluster.cluster import DevCluster
+        from gpuforge.devcluster.pools import uniform_pools
+
+        with tempfile.TemporaryDirectory(prefix="gpuforge-bench-quota-") as root:
+            cluster = DevCluster("bench-quota", Path(root))
+            cluster.up(pools=uniform_pools(1))
+            try:
+                results = asyncio.run(bench(cluster.kubeconfig, work))
+            finally:
+                cluster.down()
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     for item in results:
         mark = "" if "ok" not in item else ("  ok" if item["ok"] else "  MISSED")

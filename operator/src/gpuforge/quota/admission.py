@@ -116,6 +116,33 @@ def spent_budgets(quota: GpuQuota) -> list[str]:
     )
 
 
+def _without_rivals(
+    quota: GpuQuota, ask: WorkloadAsk, charged: dict[str, Decimal]
+) -> tuple[GpuQuota, dict[str, Decimal]]:
+    """Only one request can produce generation G of an object, so reservations for the same object and
+    generation (an earlier attempt whose answer was lost, e.g. to a webhook restart, and is now retried)
+    are alternatives, not additions: they are replaced by one reservation holding the larger amount per
+    key. Without this, every retry would hold usage for 60 s that no object will ever have."""
+    if ask.generation <= 0:
+        return quota, charged
+    rivals = [
+        item
+        for item in quota.status.reservations
+        if item.workload == ask.workload and item.generation == ask.generation
+    ]
+    if not rivals:
+        return quota, charged
+    used, self_used, merged = dict(quota.status.used), dict(quota.status.self_used), dict(charged)
+    for rival in rivals:
+        add(used, rival.delta, -1)
+        add(self_used, rival.delta, -1)
+        for key, amount in rival.delta.items():
+            merged[key] = max(merged.get(key, ZERO), amount)
+    kept = tuple(item for item in quota.status.reservations if item not in rivals)
+    status = replace(quota.status, used=used, self_used=self_used, reservations=kept)
+    return replace(quota, status=status), merged
+
+
 def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision:
     """Charge `ask.delta` to `quota` if every key it touches has room and no budget it needs is spent."""
     kind = ask.workload.split("/", 1)[0]
@@ -137,6 +164,7 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
             )
     counted = [key for key in quota.hard if not is_cash_key(key)]
     charged = {key: amount for key, amount in restrict(ask.delta, counted).items() if amount > 0}
+    quota, charged = _without_rivals(quota, ask, charged)
     for key in sorted(charged):
         denied = _shortfall(quota, key, charged[key], what)
         if denied is not None:

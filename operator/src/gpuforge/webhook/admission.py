@@ -20,9 +20,10 @@ from typing import Any
 
 import aiohttp
 
+from gpuforge.api.gpuquota import KIND as QUOTA_KIND
 from gpuforge.api.gpuquota import GpuQuota
 from gpuforge.constants import QUOTA_LABEL
-from gpuforge.k8s.quota import ApiError, Conflict, QuotaApi
+from gpuforge.k8s.quota import ApiError, Conflict, Informer, QuotaApi
 from gpuforge.quota.admission import (
     Allowed,
     Decision,
@@ -67,17 +68,37 @@ class _Pending:
 
 @dataclass
 class QuotaWriter:
-    """Serialises status writes per quota inside this process and batches waiting requests."""
+    """Serialises status writes per quota inside this process and batches waiting requests.
+
+    Decisions start from `quotas` (the watch-fed copy, or the answer to this process's last write), so an
+    admission costs one write and no read. A copy that lags only makes the compare-and-swap fail (409),
+    and then we read afresh. Denials are never made from a copy alone: a quota the controller just
+    released must not refuse work, so a batch with a denial is decided again from a fresh read.
+    """
 
     api: QuotaApi
     clock: Clock = utc_now
     deadline_seconds: float = 4.0
+    quotas: Informer | None = None
     _queues: dict[str, list[_Pending]] = field(default_factory=dict)
     _draining: set[str] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    # The quota as this process last wrote it: the next decision can start from it without a read.
-    # Always safe: a stale copy only makes the compare-and-swap fail, and then we read afresh.
-    _last_written: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # The last copy parsed, by quota: (resourceVersion, quota); parsing status is most of a decision's CPU.
+    _parsed: dict[str, tuple[str, GpuQuota]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.quotas is None:  # not watched: remembers only this process's own writes
+            self.quotas = Informer(self.api, QUOTA_KIND)
+
+    @property
+    def cache(self) -> Informer:
+        assert self.quotas is not None
+        return self.quotas
+
+    def lock(self, quota_name: str) -> asyncio.Lock:
+        """Held while a status write to `quota_name` is decided and made (the controller takes it too)."""
+        return self._locks.setdefault(quota_name, asyncio.Lock())
 
     async def admit(self, quota_name: str, ask: WorkloadAsk) -> Decision:
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -93,7 +114,8 @@ class QuotaWriter:
         try:
             while batch := self._queues.pop(quota_name, None):
                 try:
-                    await self._decide(quota_name, batch)
+                    async with self.lock(quota_name):
+                        await self._decide(quota_name, batch)
                 except Exception as error:  # never leave a waiter hanging; each one reports it
                     for item in batch:
                         if not item.future.done():
@@ -101,33 +123,64 @@ class QuotaWriter:
         finally:
             self._draining.discard(quota_name)
 
+    async def fresh(self, quota_name: str) -> dict[str, Any] | None:
+        """The quota as the API server has it now (and remember it)."""
+        raw = await self.api.get_quota(quota_name)
+        if raw is None:
+            self.cache.forget(quota_name)
+        else:
+            self.cache.offer(raw)
+        return raw
+
+    async def decide(
+        self, quota_name: str, asks: list[WorkloadAsk]
+    ) -> tuple[GpuQuota | None, GpuQuota | None, list[Decision]]:
+        """(quota as read, quota with the allowed asks charged, decisions), from the cached copy unless
+        it is missing or would deny something."""
+        raw, fresh = self.cache.get(quota_name), False
+        while True:
+            if raw is None:
+                raw, fresh = await self.fresh(quota_name), True
+            quota, denied = self._parse(quota_name, raw)
+            if quota is None:
+                if not fresh:
+                    raw = None
+                    continue
+                return None, None, [denied or _unavailable(quota_name, None)] * len(asks)
+            updated, decisions = admit_many(quota, asks, self.clock())
+            if fresh or not any(isinstance(d, Denied) for d in decisions):
+                return quota, updated, decisions
+            raw = None
+
+    def _parse(self, quota_name: str, raw: Mapping[str, Any] | None) -> tuple[GpuQuota | None, Denied | None]:
+        version = str(((raw or {}).get("metadata") or {}).get("resourceVersion") or "")
+        known = self._parsed.get(quota_name)
+        if raw is not None and version and known is not None and known[0] == version:
+            return known[1], None
+        quota, denied = parse_quota(quota_name, raw)
+        if quota is None:
+            self._parsed.pop(quota_name, None)
+        elif version:
+            self._parsed[quota_name] = (version, quota)
+        return quota, denied
+
     async def _decide(self, quota_name: str, batch: list[_Pending]) -> None:
         started = time.monotonic()
         while True:
-            cached = self._last_written.pop(quota_name, None)
-            quota: GpuQuota | None
-            denied: Denied | None
-            if cached is not None:
-                quota, denied = quota_from_object(cached), None
-            else:
-                quota, denied = await read_quota(self.api, quota_name)
-            if quota is None:
-                for item in batch:
-                    item.future.set_result(denied or _unavailable(quota_name, None))
-                return
-            updated, decisions = admit_many(quota, [item.ask for item in batch], self.clock())
+            quota, updated, decisions = await self.decide(quota_name, [item.ask for item in batch])
             try:
-                if updated.status is not quota.status:
-                    self._last_written[quota_name] = await self.api.replace_quota_status(
+                if quota is not None and updated is not None and updated.status is not quota.status:
+                    written = await self.api.replace_quota_status(
                         quota_name, quota.resource_version, status_to_object(updated.status)
                     )
+                    self.cache.offer(written)
             except Conflict:
                 metrics.STATUS_CONFLICTS.labels("webhook").inc()
+                self.cache.forget(quota_name)  # the next round reads afresh
                 if time.monotonic() - started > self.deadline_seconds:
                     for item in batch:
                         item.future.set_result(_unavailable(quota_name, "too many concurrent writes"))
                     return
-                await asyncio.sleep(random.uniform(0, 0.01))
                 continue
             for item, decision in zip(batch, decisions, strict=True):
                 item.future.set_result(decision)
@@ -143,14 +196,17 @@ def _unavailable(quota_name: str, error: object) -> Denied:
     )
 
 
-async def read_quota(api: QuotaApi, name: str) -> tuple[GpuQuota | None, Denied | None]:
-    raw = await api.get_quota(name)
+def parse_quota(name: str, raw: Mapping[str, Any] | None) -> tuple[GpuQuota | None, Denied | None]:
     if raw is None:
         return None, Denied(f'GpuQuota "{name}" does not exist', quota=name, reason="NotFound", code=404)
     try:
         return quota_from_object(raw), None
     except QuotaSpecError as error:
         return None, Denied(f'GpuQuota "{name}" is invalid: {error}', quota=name, reason="Invalid", code=422)
+
+
+async def read_quota(api: QuotaApi, name: str) -> tuple[GpuQuota | None, Denied | None]:
+    return parse_quota(name, await api.get_quota(name))
 
 
 async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -> ClaimCatalog:
@@ -180,18 +236,16 @@ async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -
 class AdmissionHandlers:
     api: QuotaApi
     clock: Clock = utc_now
+    # Watch-fed GpuQuotas (run by the caller); None: only this process's own writes are remembered.
+    quota_cache: Informer | None = None
     writer: QuotaWriter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.writer = QuotaWriter(self.api, self.clock)
+        self.writer = QuotaWriter(self.api, self.clock, quotas=self.quota_cache)
 
     async def _charge(self, request: AdmissionRequest, quota_name: str, ask: WorkloadAsk) -> Decision:
         if request.dry_run:  # decide, never write
-            quota, denied = await read_quota(self.api, quota_name)
-            if quota is None:
-                assert denied is not None
-                return denied
-            _, (decision,) = admit_many(quota, [ask], self.clock())
+            _, _, (decision,) = await self.writer.decide(quota_name, [ask])
             return decision
         return await self.writer.admit(quota_name, ask)
 
@@ -308,28 +362,31 @@ class AdmissionHandlers:
     async def _carve(
         self, request: AdmissionRequest, parent_name: str, decide: Callable[[GpuQuota | None], Decision]
     ) -> Decision:
-        """Decide against the parent and write its status with a resourceVersion precondition."""
+        """Decide against a fresh read of the parent and write its status with a resourceVersion
+        precondition (under the parent's lock, so this process's admissions do not race it)."""
+        if not parent_name:
+            return decide(None)
         started = time.monotonic()
-        while True:
-            parent: GpuQuota | None = None
-            if parent_name:
-                parent, denied = await read_quota(self.api, parent_name)
+        async with self.writer.lock(parent_name):
+            while True:
+                parent, denied = parse_quota(parent_name, await self.writer.fresh(parent_name))
                 if parent is None and denied is not None and denied.code != 404:
                     return denied
-            decision = decide(parent)
-            if not isinstance(decision, Allowed) or decision.status is None or request.dry_run:
-                return decision
-            assert parent is not None
-            try:
-                await self.api.replace_quota_status(
-                    parent.name, parent.resource_version, status_to_object(decision.status)
-                )
-                return decision
-            except Conflict:
-                metrics.STATUS_CONFLICTS.labels("webhook").inc()
-                if time.monotonic() - started > self.writer.deadline_seconds:
-                    return _unavailable(parent.name, "too many concurrent writes")
-                await asyncio.sleep(random.uniform(0, 0.01))
+                decision = decide(parent)
+                if not isinstance(decision, Allowed) or decision.status is None or request.dry_run:
+                    return decision
+                assert parent is not None
+                try:
+                    written = await self.api.replace_quota_status(
+                        parent.name, parent.resource_version, status_to_object(decision.status)
+                    )
+                    self.writer.cache.offer(written)
+                    return decision
+                except Conflict:
+                    metrics.STATUS_CONFLICTS.labels("webhook").inc()
+                    if time.monotonic() - started > self.writer.deadline_seconds:
+                        return _unavailable(parent.name, "too many concurrent writes")
+                    await asyncio.sleep(random.uniform(0, 0.01))
 
 
 def _parent_of(obj: Mapping[str, Any]) -> str:

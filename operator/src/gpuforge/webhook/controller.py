@@ -1,10 +1,11 @@
 """The usage controller: keeps every GpuQuota's status true to the workloads that exist.
 
-On workload and GpuQuota events (debounced) and on a full resync (default every 5 minutes) it lists the
-labelled workloads, recomputes `used`/`selfUsed` with the pure core (releasing reservations of requests
-that failed), accrues `cash/` budgets from the run time of pods since `lastReconcileTime`, and writes
-status with a resourceVersion precondition. When a budget becomes spent it records an Event and sets the
-budget metric; running pods are left alone, new workloads are denied by the webhook.
+On workload and GpuQuota events (debounced) and on a full resync (default every 5 minutes) it takes
+the labelled workloads from watch-fed caches, recomputes `used`/`selfUsed` with the pure core
+(releasing reservations of requests that failed), accrues `cash/` budgets from the run time of pods
+since `lastReconcileTime`, and writes status with a resourceVersion precondition. When a budget
+becomes spent it records an Event and sets the budget metric; running pods are left alone, new
+workloads are denied by the webhook.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gpuforge.api.gpuquota import (
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
-from gpuforge.k8s.quota import ApiError, Conflict, QuotaApi
+from gpuforge.k8s.quota import ApiError, ChangeHandler, Conflict, Informer, QuotaApi
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, status_to_object
 from gpuforge.quota.reconcile import (
     DEFAULT_RESERVATION_TTL,
@@ -51,11 +52,12 @@ from gpuforge.quota.usage import (
     labels_of,
     pod_template,
     pod_usage,
+    referenced_claims,
     workload_ref,
     workload_usage,
 )
 from gpuforge.webhook import metrics
-from gpuforge.webhook.admission import Clock, utc_now
+from gpuforge.webhook.admission import Clock, QuotaWriter, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -100,28 +102,74 @@ class UsageController:
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL
     # Events within this window are handled by one recompute (a burst of creates is one pass).
     debounce_seconds: float = 1.0
+    # Shares the webhook's GpuQuota cache and per-quota locks: its writes never race this process's
+    # admissions, and it decides from the newest copy this process knows.
+    writer: QuotaWriter | None = None
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     # Objects seen deleted (ref -> (generation, when)), so their reservations settle without the TTL.
     _deleted: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # What each watched object last counted with: (generation, quota label).
+    _seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    _workloads: dict[str, Informer] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.writer is None:
+            self.writer = QuotaWriter(self.api, self.clock)
+
+    @property
+    def quotas(self) -> Informer:
+        assert self.writer is not None
+        return self.writer.cache
 
     def poke(self) -> None:
         self._dirty.set()
 
-    async def run(self) -> None:
-        """Reconcile forever: on events, every `accrual_seconds` if budgets exist, and every resync."""
-        watchers = [asyncio.create_task(self._watch(kind)) for kind in (*WORKLOAD_KINDS, KIND)]
+    def _listener(self, kind: str) -> ChangeHandler:
+        def changed(event_type: str, obj: Obj) -> None:
+            _, namespace, name = _key(obj, kind)
+            ref = workload_ref(kind, namespace, name)
+            if event_type == "DELETED":
+                self._seen.pop(ref, None)
+                self._deleted[ref] = (generation_of(obj), asyncio.get_running_loop().time())
+                self.poke()
+                return
+            # Status-only updates (a Deployment's ready count, our own status writes) change nothing
+            # quotas count; only spec (generation) and the quota label do.
+            state = (generation_of(obj), str(labels_of(obj).get(QUOTA_LABEL) or ""))
+            if self._seen.get(ref) != state:
+                self._seen[ref] = state
+                self.poke()
+
+        return changed
+
+    async def run(self, *, run_quota_informer: bool = True) -> None:
+        """Reconcile forever: on events, every `accrual_seconds` if budgets exist, and every resync.
+
+        Workloads and GpuQuotas come from watch-fed caches (list once, then watch), so a reconcile
+        costs no list calls; pass run_quota_informer=False when the caller already runs the quota cache.
+        """
+        self._workloads = {kind: Informer(self.api, kind, QUOTA_LABEL) for kind in WORKLOAD_KINDS}
+        for kind, informer in self._workloads.items():
+            informer.listeners.append(self._listener(kind))
+        self.quotas.listeners.append(self._listener(KIND))
+        informers = list(self._workloads.values())
+        if run_quota_informer:
+            informers.append(self.quotas)
+        tasks = [asyncio.create_task(informer.run()) for informer in informers]
         try:
+            for informer in (*self._workloads.values(), self.quotas):
+                await informer.synced.wait()
             while True:
+                self._dirty.clear()
                 has_budgets = await self._reconcile_logged()
                 wait = min(self.resync_seconds, self.accrual_seconds) if has_budgets else self.resync_seconds
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._dirty.wait(), timeout=wait)
                 await asyncio.sleep(self.debounce_seconds)
-                self._dirty.clear()
         finally:
-            for task in watchers:
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*watchers, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _reconcile_logged(self) -> bool:
         try:
@@ -133,47 +181,31 @@ class UsageController:
             self.poke()
             return True
 
-    async def _watch(self, kind: str) -> None:
-        selector = None if kind == KIND else QUOTA_LABEL
-        while True:
-            try:
-                _, version = await self.api.list_with_version(kind, label_selector=selector)
-                seen: dict[str, tuple[int, str]] = {}
-                async for event in self.api.watch(kind, version, selector):
-                    kind_of_event, obj = event.get("type"), event.get("object") or {}
-                    if kind_of_event == "BOOKMARK":
-                        continue
-                    _, namespace, name = _key(obj, kind)
-                    ref = workload_ref(kind, namespace, name)
-                    if kind_of_event == "DELETED":
-                        seen.pop(ref, None)
-                        loop = asyncio.get_running_loop()
-                        self._deleted[ref] = (generation_of(obj), loop.time())
-                        self.poke()
-                        continue
-                    # Status-only updates (a Deployment's ready count, our own status writes) change
-                    # nothing quotas count; only spec (generation) and the quota label do.
-                    state = (generation_of(obj), str(labels_of(obj).get(QUOTA_LABEL) or ""))
-                    if seen.get(ref) != state:
-                        seen[ref] = state
-                        self.poke()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # a watch that ends or fails is simply started again
-                log.debug("watch of %s ended: %s", kind, error)
-                await asyncio.sleep(1.0)
-
-    async def snapshot(self, need_pods: bool) -> Snapshot:
-        snap = Snapshot()
+    async def _list_workloads(self) -> dict[str, list[dict[str, Any]]]:
+        """Labelled workloads by kind: from the watch caches when running, else listed."""
+        if self._workloads:
+            return {kind: list(informer.store.values()) for kind, informer in self._workloads.items()}
         lists = await asyncio.gather(
             *(self.api.list_objects(kind, label_selector=QUOTA_LABEL) for kind in WORKLOAD_KINDS)
         )
-        for kind, items in zip(WORKLOAD_KINDS, lists, strict=True):
+        return dict(zip(WORKLOAD_KINDS, lists, strict=True))
+
+    async def snapshot(self, need_pods: bool) -> Snapshot:
+        snap = Snapshot()
+        for kind, items in (await self._list_workloads()).items():
             for item in items:
                 if not is_controlled_by_workload(item):
                     snap.workloads[_key(item, kind)] = {**item, "kind": kind}
         namespaces = sorted({namespace for _, namespace, _ in snap.workloads})
-        for namespace in namespaces:
+        # Claims are read only where some workload refers to them (most use device-plugin requests).
+        with_claims = sorted(
+            {
+                namespace
+                for (_, namespace, _), obj in snap.workloads.items()
+                if (refs := referenced_claims(obj)).templates or refs.claims
+            }
+        )
+        for namespace in with_claims:
             snap.catalogs[namespace] = await self._catalog(namespace)
         if need_pods:
             for namespace in namespaces:
@@ -250,7 +282,9 @@ class UsageController:
 
     async def reconcile_all(self) -> bool:
         """Recompute every quota once. Returns whether any quota has a budget (accrual needs ticks)."""
-        raw_quotas = await self.api.list_quotas()
+        raw_quotas = (
+            list(self.quotas.store.values()) if self.quotas.synced.is_set() else await self.api.list_quotas()
+        )
         quotas: list[GpuQuota] = []
         for raw in raw_quotas:
             try:
@@ -275,39 +309,56 @@ class UsageController:
         children = children_of(quotas)
         for quota in quotas:
             await self._write(
-                quota, children.get(quota.name, []), usages.get(quota.name, []), runs.get(quota.name, [])
+                quota,
+                children.get(quota.name, []),
+                usages.get(quota.name, []),
+                runs.get(quota.name, []),
             )
         return has_budgets
 
     async def _write(
-        self, quota: GpuQuota, children: list[GpuQuota], usages: list[WorkloadUsage], runs: list[PodRun]
+        self,
+        quota: GpuQuota,
+        children: list[GpuQuota],
+        usages: list[WorkloadUsage],
+        runs: list[PodRun],
     ) -> None:
-        for _ in range(5):
-            now = self.clock()
-            since = quota.status.last_reconcile_time or now
-            accrued = accrue(runs, since, now, self.speedup) if runs else {}
-            deleted = {ref: generation for ref, (generation, _) in self._deleted.items()}
-            status = recompute_status(quota, children, usages, accrued, now, self.reservation_ttl, deleted)
-            budgets = any(is_cash_key(key) for key in quota.hard)
-            if not budgets and not status_differs(quota.status, status):
-                metrics.RECONCILES.labels("unchanged").inc()
-                self._export(quota.name, quota.hard, status.used)
-                return
-            try:
-                await self.api.replace_quota_status(
-                    quota.name, quota.resource_version, status_to_object(status)
+        assert self.writer is not None
+        async with self.writer.lock(quota.name):
+            # Under the lock this process's admissions are not writing: the cached copy is the newest
+            # we know (it may hold reservations written after the snapshot was taken).
+            cached = self.quotas.get(quota.name)
+            if cached is not None:
+                quota = quota_from_object(cached)
+            for _ in range(5):
+                now = self.clock()
+                since = quota.status.last_reconcile_time or now
+                accrued = accrue(runs, since, now, self.speedup) if runs else {}
+                deleted = {ref: generation for ref, (generation, _) in self._deleted.items()}
+                status = recompute_status(
+                    quota, children, usages, accrued, now, self.reservation_ttl, deleted
                 )
-            except Conflict:
-                metrics.STATUS_CONFLICTS.labels("controller").inc()
-                raw = await self.api.get_quota(quota.name)
-                if raw is None:
+                budgets = any(is_cash_key(key) for key in quota.hard)
+                if not budgets and not status_differs(quota.status, status):
+                    metrics.RECONCILES.labels("unchanged").inc()
+                    self._export(quota.name, quota.hard, status.used)
                     return
-                quota = quota_from_object(raw)
-                continue
-            metrics.RECONCILES.labels("written").inc()
-            self._export(quota.name, quota.hard, status.used)
-            await self._announce_budget(quota, status.conditions)
-            return
+                try:
+                    written = await self.api.replace_quota_status(
+                        quota.name, quota.resource_version, status_to_object(status)
+                    )
+                except Conflict:
+                    metrics.STATUS_CONFLICTS.labels("controller").inc()
+                    raw = await self.writer.fresh(quota.name)
+                    if raw is None:
+                        return
+                    quota = quota_from_object(raw)
+                    continue
+                self.quotas.offer(written)
+                metrics.RECONCILES.labels("written").inc()
+                self._export(quota.name, quota.hard, status.used)
+                await self._announce_budget(quota, status.conditions)
+                return
         log.warning("GpuQuota %s: status kept changing under the controller; next resync retries", quota.name)
 
     def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:

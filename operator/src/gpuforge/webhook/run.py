@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from gpuforge.k8s.quota import QuotaApi
+from gpuforge.api.gpuquota import KIND as QUOTA_KIND
+from gpuforge.k8s.quota import Informer, QuotaApi
 from gpuforge.webhook.admission import AdmissionHandlers, Clock, utc_now
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 from gpuforge.webhook.controller import UsageController
@@ -87,7 +88,8 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
         else:
             cert, key, ca_bundle = _self_signed(Path(scratch), options.host, clock)
         reloader = CertReloader(cert, key, options.cert_check_seconds)
-        handlers = AdmissionHandlers(api, clock)
+        quota_cache = Informer(api, QUOTA_KIND)  # admissions decide from it, writes keep it fresh
+        handlers = AdmissionHandlers(api, clock, quota_cache=quota_cache)
         controller = (
             UsageController(
                 api,
@@ -95,15 +97,18 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                 resync_seconds=options.resync_seconds,
                 accrual_seconds=options.accrual_seconds,
                 speedup=options.speedup,
+                writer=handlers.writer,
             )
             if options.controller
             else None
         )
         registered: list[str] = []
         controller_task: asyncio.Task[None] | None = None
+        cache_task: asyncio.Task[None] | None = None
         try:
             if options.crd_file is not None:
                 await apply_crd(api, options.crd_file)
+            cache_task = asyncio.create_task(quota_cache.run())
             async with serving(make_app(handlers), options.host, options.port, reloader) as port:
                 url = f"https://{options.host}:{port}"
                 if options.register:
@@ -118,13 +123,14 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                         registered.append(configuration["metadata"]["name"])
                     log.info("registered %s -> %s", ", ".join(registered), url)
                 if controller is not None:
-                    controller_task = asyncio.create_task(controller.run())
+                    controller_task = asyncio.create_task(controller.run(run_quota_informer=False))
                 yield RunningWebhook(port, url, ca_bundle, api, controller)
         finally:
-            if controller_task is not None:
-                controller_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await controller_task
+            for task in (controller_task, cache_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             for name in registered:
                 try:
                     await api.delete_webhook_configuration(name)

@@ -42,6 +42,20 @@ def _result(decision: Decision) -> str:
     return "denied"
 
 
+async def _read_body(request: web.Request) -> bytes:
+    """The whole body, up to one byte past the limit. (`content.read(n)` returns what has arrived so far,
+    which under load is part of a body split over several TLS records.)"""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_BODY_BYTES:
+        chunk = await request.content.read(MAX_BODY_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def make_app(handlers: AdmissionHandlers) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES + 1)
 
@@ -51,8 +65,7 @@ def make_app(handlers: AdmissionHandlers) -> web.Application:
             try:
                 if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
                     raise BadReview(f"body of {request.content_length} bytes is larger than {MAX_BODY_BYTES}")
-                body = await request.content.read(MAX_BODY_BYTES + 1)
-                review = parse_review(body)
+                review = parse_review(await _read_body(request))
             except BadReview as error:
                 metrics.BAD_REVIEWS.inc()
                 log.warning("400 on %s from %s: %s", request.path, request.remote, error)

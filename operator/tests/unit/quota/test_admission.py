@@ -106,6 +106,23 @@ def test_batch_of_asks_stops_at_hard() -> None:
     assert sum(isinstance(d, Allowed) for d in decisions) == 16
 
 
+def test_a_retried_create_replaces_the_reservation_of_its_lost_attempt() -> None:
+    """A webhook killed after writing a reservation but before answering: the API server retries the
+    same object (same generation). Both attempts cannot succeed, so the quota holds one of them."""
+    first = replace(ask({GPU: 1}, uid="a", workload="Deployment/ns/w"), generation=1)
+    retry = replace(first, uid="b")
+    other = replace(ask({GPU: 1}, uid="c", workload="Deployment/ns/x"), generation=1)
+    updated, decisions = admit_many(quota("t", {GPU: 2}), [first, retry, other], NOW)
+    assert all(isinstance(d, Allowed) for d in decisions)
+    assert updated.status.used[GPU] == 2
+    assert [r.uid for r in updated.status.reservations] == ["b", "c"]
+    bigger = replace(retry, uid="d", delta={GPU: q(2)})  # the larger amount is held, never the sum
+    denied = admit_workload(updated, bigger, NOW)
+    assert isinstance(denied, Denied) and denied.asked == 2 and denied.left == 1
+    next_generation = replace(first, uid="e", generation=2)  # a later change adds up
+    assert isinstance(admit_workload(updated, next_generation, NOW), Denied)
+
+
 # --- tree rules --------------------------------------------------------------------------------
 
 

@@ -5,7 +5,12 @@ import pytest
 
 from gpuforge.api.gpuquota import GpuQuota, GpuQuotaStatus, Reservation
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, quota_to_object
-from gpuforge.quota.reconcile import PodRun, accrue, pod_run_window, recompute_status
+from gpuforge.quota.reconcile import (
+    PodRun,
+    accrue,
+    pod_run_window,
+    recompute_status,
+)
 from gpuforge.quota.usage import WorkloadUsage
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,7 +1,9 @@
 """Webhook pieces that need no cluster: AdmissionReview parsing (fuzzed), certificates, configurations."""
 
+import asyncio
 import json
 import ssl
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,23 @@ async def test_api_failure_denies_with_a_message() -> None:
         answer = (await response.json())["response"]
         assert answer["allowed"] is False
         assert "could not check the quota" in answer["status"]["message"]
+    await handlers.api.close()
+
+
+async def test_a_body_arriving_in_pieces_is_read_whole() -> None:
+    """Under load a review reaches the server in several segments; all of them make up the body."""
+    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    body = json.dumps(review(object={"metadata": {"name": "w", "annotations": {"pad": "x" * 5000}}})).encode()
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+            await asyncio.sleep(0.01)
+
+    async with TestClient(TestServer(make_app(handlers))) as client:
+        response = await client.post("/validate-workloads", data=pieces())
+        assert response.status == 200, await response.text()
+        assert (await response.json())["response"]["allowed"] is True
     await handlers.api.close()
 
 
