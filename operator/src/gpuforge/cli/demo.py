@@ -124,7 +124,9 @@ class Demo:
             [sys.executable, "-m", "gpuforge", *args], env=env, text=True, capture_output=True, check=False
         )
         if check and result.returncode != 0:
-            raise DemoError(f"gpuforge {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+            raise DemoError(
+                f"gpuforge {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-2000:]}"
+            )
         return result
 
     def start(self, name: str, *args: str) -> None:
@@ -171,7 +173,17 @@ class Demo:
     def node_table(self, title: str) -> Table:
         slices = self.slices_by_node()
         table = Table(title=title)
-        for column in ("node", "pool", "GPU", "kubelet", "stack", "nvidia.com/gpu", "DRA devices", "state", "cordoned"):
+        for column in (
+            "node",
+            "pool",
+            "GPU",
+            "kubelet",
+            "stack",
+            "nvidia.com/gpu",
+            "DRA devices",
+            "state",
+            "cordoned",
+        ):
             table.add_column(column)
         for node in self.nodes():
             labels = node["metadata"].get("labels", {})
@@ -203,12 +215,15 @@ class Demo:
         step(
             1,
             "bootstrap a real Debian host with Ansible",
-            "A Debian 12 container with systemd (podman) plays a GPU node; a local imitation of NVIDIA's apt\n"
-            "repositories serves the driver and toolkit. Only the GPUs are simulated: the stub nvidia-smi\n"
-            "reports one H100. playbooks/site.yml installs the driver, the container toolkit and the NFD features.",
+            "A Debian 12 container with systemd (podman) plays a GPU node; a local imitation of NVIDIA's\n"
+            "apt repositories serves the driver and toolkit. Only the GPUs are simulated: the stub\n"
+            "nvidia-smi reports one H100. playbooks/site.yml installs the driver, the container toolkit\n"
+            "and the NFD features.",
         )
         if shutil.which("podman") is None:
-            console.print("[yellow]podman is not available here: skipping step 1 (the cluster steps still run).[/]")
+            console.print(
+                "[yellow]podman is not available here: skipping step 1 (the cluster steps still run).[/]"
+            )
             return
         lab = [sys.executable, str(self.root / "tests/ansible/lab.py")]
         subprocess.run([*lab, "down", "--name", "demo"], capture_output=True, check=False)
@@ -219,14 +234,22 @@ class Demo:
             check=False,
         )
         if started.returncode != 0:
-            console.print(f"[yellow]Cannot start a Debian host here ({started.stderr.strip()[-300:]}): skipping step 1.[/]")
+            console.print(
+                f"[yellow]Cannot start a Debian host here ({started.stderr.strip()[-300:]}): "
+                "skipping step 1.[/]"
+            )
             return
         try:
             lab_info = json.loads(started.stdout)
             inventory = str(lab_info["inventory"])
             console.print(f"$ ansible-playbook -i {inventory} playbooks/site.yml")
             playbook = subprocess.run(
-                [str(Path(sys.executable).parent / "ansible-playbook"), "-i", inventory, "playbooks/site.yml"],
+                [
+                    str(Path(sys.executable).parent / "ansible-playbook"),
+                    "-i",
+                    inventory,
+                    "playbooks/site.yml",
+                ],
                 cwd=self.root,
                 capture_output=True,
                 text=True,
@@ -241,7 +264,9 @@ class Demo:
                  "cat /etc/kubernetes/node-feature-discovery/features.d/*"],
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
-            console.print(Panel(features.stdout.strip() or features.stderr.strip(), title="NFD features written"))
+            console.print(
+                Panel(features.stdout.strip() or features.stderr.strip(), title="NFD features written")
+            )
         finally:
             subprocess.run([*lab, "down", "--name", "demo"], capture_output=True, check=False)
 
@@ -249,22 +274,24 @@ class Demo:
         step(
             2,
             "start a local cluster, the operator and the quota webhook",
-            "Real etcd, kube-apiserver, controller-manager and scheduler; kwok plays 8 GPU nodes in three pools\n"
-            "(H100 on kubelet 1.34, A100, L4). The operator and the webhook run on this machine.",
+            "Real etcd, kube-apiserver, controller-manager and scheduler; kwok plays 8 GPU nodes in three\n"
+            "pools (H100 on kubelet 1.34, A100, L4). The operator and the webhook run on this machine.",
         )
         self.cluster.down()
         seconds = self.cluster.up(profile, DEMO_POOLS, console=Console(stderr=True, soft_wrap=True))
         console.print(f"cluster up in {seconds:.1f}s; KUBECONFIG={self.cluster.kubeconfig}")
         deploy = self.root / "operator" / "deploy"
         self.kubectl("apply", "--server-side", "-f", str(deploy / "crds"))
-        self.kubectl("wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io")
-        self.start("operator", "operator", "run", "--liveness-port", "0", "--metrics-port", str(_free_port()))
-        self.start(
-            "webhook", "webhook", "run", "--register", "--port", "0", "--name", "gpuforge-demo-quota"
+        self.kubectl(
+            "wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io"
         )
+        self.start("operator", "operator", "run", "--liveness-port", "0", "--metrics-port", str(_free_port()))
+        self.start("webhook", "webhook", "run", "--register", "--port", "0", "--name", "gpuforge-demo-quota")
         wait_for(
             "the quota webhook to register",
-            lambda: "gpuforge-demo-quota" in self.kubectl("get", "validatingwebhookconfigurations", "-o", "name"),
+            lambda: (
+                "gpuforge-demo-quota" in self.kubectl("get", "validatingwebhookconfigurations", "-o", "name")
+            ),
             timeout=60,
         )
         self.check_processes()
@@ -277,7 +304,9 @@ class Demo:
             "Two GpuStacks in device-plugin mode: 'training' on the H100 pool, 'shared' on the others.",
         )
         stacks = [
-            _stack("training", "devicePlugin", [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]}]),
+            _stack("training", "devicePlugin", [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]},
+            ]),
             _stack("shared", "devicePlugin", [
                 {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
                 {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": [H100_PRODUCT]},
@@ -301,17 +330,17 @@ class Demo:
 
     def all_advertising(self) -> bool:
         for node in self.nodes():
-            if "nvidia.com/gpu.present" in node["metadata"].get("labels", {}):
-                if int((node["status"].get("capacity") or {}).get(GPU_RESOURCE, "0")) == 0:
-                    return False
+            gpu_node = "nvidia.com/gpu.present" in node["metadata"].get("labels", {})
+            if gpu_node and int((node["status"].get("capacity") or {}).get(GPU_RESOURCE, "0")) == 0:
+                return False
         return True
 
     def quota(self) -> None:
         step(
             4,
             "limit GPUs with a hierarchical quota",
-            "A tree org -> research -> research-vision, and org -> inference. Workloads name their quota with the\n"
-            "label gpuforge.io/quota; the webhook admits whole workloads or nothing.",
+            "A tree org -> research -> research-vision, and org -> inference. Workloads name their quota\n"
+            "with the label gpuforge.io/quota; the webhook admits whole workloads or nothing.",
         )
         self.kubectl("apply", "-f", str(self.root / "examples" / "quota-tree.yaml"))
         self.kubectl("create", "namespace", "ml")
@@ -321,16 +350,25 @@ class Demo:
         ]
         for workload in admitted:
             self.kubectl("apply", "-n", "ml", "-f", "-", input=yaml.safe_dump(workload))
-            console.print(f"[green]admitted[/] {workload['metadata']['name']} "
-                          f"({workload['spec']['replicas']} x 1 GPU, quota {workload['metadata']['labels']['gpuforge.io/quota']})")  # fmt: skip
+            quota_name = workload["metadata"]["labels"]["gpuforge.io/quota"]
+            replicas = workload["spec"]["replicas"]
+            console.print(
+                f"[green]admitted[/] {workload['metadata']['name']} ({replicas} x 1 GPU, quota {quota_name})"
+            )
         denied = _workload("vision-big", "research-vision", replicas=1, gpus=1, model="H100")
-        result = self.cluster.kubectl("apply", "-n", "ml", "-f", "-", input=yaml.safe_dump(denied), check=False)
+        result = self.cluster.kubectl(
+            "apply", "-n", "ml", "-f", "-", input=yaml.safe_dump(denied), check=False
+        )
         if result.returncode == 0:
-            raise DemoError("vision-big should have been denied: research-vision has 4 H100s and all are in use")
+            raise DemoError(
+                "vision-big should have been denied: research-vision has 4 H100s and all are in use"
+            )
         console.print(f"[red]denied[/] vision-big: {result.stderr.strip()}")
         wait_for(
             "the quota workloads Running",
-            lambda: self.ready_replicas("ml", "vision-train") == 2 and self.ready_replicas("ml", "serving") == 2,
+            lambda: (
+                self.ready_replicas("ml", "vision-train") == 2 and self.ready_replicas("ml", "serving") == 2
+            ),
             timeout=120,
         )
         console.print(self.gpuforge("quota", "tree").stdout)
@@ -343,12 +381,14 @@ class Demo:
         step(
             5,
             "migrate the H100 pool from the device plugin to DRA, node by node",
-            "kubectl patch gpustack training --type merge -p '{\"spec\":{\"mode\":\"dra\"}}'\n"
-            "Each node is cordoned, its GPU pods move, the device plugin leaves, the DRA kubelet plugin starts and\n"
-            "publishes ResourceSlices, and the node is uncordoned; never more than one node at a time.\n"
+            'kubectl patch gpustack training --type merge -p \'{"spec":{"mode":"dra"}}\'\n'
+            "Each node is cordoned, its GPU pods move, the device plugin leaves, the DRA kubelet plugin\n"
+            "starts and publishes ResourceSlices, and the node is uncordoned; one node at a time.\n"
             "The workloads on the other pools keep running throughout.",
         )
-        self.kubectl("patch", "gpustack", "training", "--type", "merge", "-p", json.dumps({"spec": {"mode": "dra"}}))
+        self.kubectl(
+            "patch", "gpustack", "training", "--type", "merge", "-p", json.dumps({"spec": {"mode": "dra"}})
+        )
         deadline = time.monotonic() + 300
         with Live(self.node_table("migrating"), console=console, refresh_per_second=2) as live:
             while True:
@@ -364,7 +404,9 @@ class Demo:
             raise DemoError(f"a node advertised GPUs through both stacks at once: {violations[:3]}")
         if self.ready_replicas("ml", "serving") != 2:
             raise DemoError("the inference workload on the L4 pool stopped serving during the migration")
-        console.print("[green]H100 pool on DRA; no node ever advertised through both stacks; serving kept running.[/]")
+        console.print(
+            "[green]H100 pool on DRA; no node ever advertised through both stacks; serving kept running.[/]"
+        )
 
     def h100_on_dra(self) -> bool:
         slices = self.slices_by_node()
@@ -390,7 +432,9 @@ class Demo:
                 f"`gpuforge dev cluster down --name {self.cluster.name}`."
             )
         else:
-            console.print("To explore afterwards, run `gpuforge demo --keep`; this run cleans up after itself.")
+            console.print(
+                "To explore afterwards, run `gpuforge demo --keep`; this run cleans up after itself."
+            )
 
 
 def _stack(name: str, mode: str, expressions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -404,7 +448,10 @@ def _stack(name: str, mode: str, expressions: list[dict[str, Any]]) -> dict[str,
             "namespace": "gpuforge-operands",
             "devicePlugin": {"version": "v0.20.0"},
             "dra": {"version": "v25.12.0", "extendedResourceMapping": True},
-            "upgradePolicy": {"maxUnavailable": 1, "drain": {"enable": True, "force": True, "timeoutSeconds": 60}},
+            "upgradePolicy": {
+                "maxUnavailable": 1,
+                "drain": {"enable": True, "force": True, "timeoutSeconds": 60},
+            },
         },
     }
 
