@@ -17,12 +17,18 @@ from gpuforge.devcluster.cluster import DevCluster
 REPO = Path(__file__).resolve().parents[4]
 
 
-def gpuforge(*args: str, kubeconfig: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def gpuforge(
+    *args: str, kubeconfig: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, **(env or {})}
     if kubeconfig is not None:
         environment["KUBECONFIG"] = str(kubeconfig)
     return subprocess.run(
-        [sys.executable, "-m", "gpuforge", *args], capture_output=True, text=True, env=environment, check=False
+        [sys.executable, "-m", "gpuforge", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
     )
 
 
@@ -31,8 +37,15 @@ def test_help_lists_every_subcommand() -> None:
     assert result.returncode == 0
     for name in ("dev", "operator", "webhook", "status", "plan", "quota", "demo"):
         assert f"  {name} " in result.stdout
-    for args in (["dev", "cluster", "--help"], ["operator", "run", "--help"], ["webhook", "run", "--help"],
-                 ["quota", "tree", "--help"], ["status", "--help"], ["plan", "--help"], ["demo", "--help"]):
+    for args in (
+        ["dev", "cluster", "--help"],
+        ["operator", "run", "--help"],
+        ["webhook", "run", "--help"],
+        ["quota", "tree", "--help"],
+        ["status", "--help"],
+        ["plan", "--help"],
+        ["demo", "--help"],
+    ):
         assert gpuforge(*args).returncode == 0, args
 
 
@@ -66,7 +79,9 @@ def test_dev_cluster_status_and_kubeconfig(dev_cluster: DevCluster) -> None:
 def test_status_plan_and_quota_tree_on_the_cluster(dev_cluster: DevCluster) -> None:
     deploy = REPO / "operator" / "deploy" / "crds"
     dev_cluster.kubectl("apply", "--server-side", "-f", str(deploy))
-    dev_cluster.kubectl("wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io")
+    dev_cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io"
+    )
     status = gpuforge("status", "-o", "json", kubeconfig=dev_cluster.kubeconfig)
     assert status.returncode == 0, status.stderr
     rows: Any = json.loads(status.stdout)
