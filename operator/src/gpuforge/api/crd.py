@@ -288,6 +288,7 @@ def _upgrade_policy() -> Schema:
                     "force": _bool("Also delete pods not managed by a controller.", False),
                     "timeoutSeconds": _int("0: no timeout.", default=300),
                     "podSelector": _str(selector_desc, default=""),
+                    "deleteEmptyDir": _bool("Also evict pods using emptyDir volumes.", False),
                 },
                 default={},
             ),
@@ -306,8 +307,23 @@ def _upgrade_policy() -> Schema:
                 default=m.OnFailure.HALT.value,
                 choices=m.OnFailure,
             ),
+            "maxFailures": _int(
+                "No new node starts once this many failed on the current target; 0: never stop.", default=1
+            ),
             "paused": _bool("Stop starting new node changes.", False),
-            "stepTimeoutSeconds": _int("A node step taking longer fails the node.", default=600, minimum=1),
+            "stepTimeoutSeconds": _int(
+                "Sets all four step timeouts at once (a node waiting longer in a step fails); 0: no limit."
+            ),
+            "stepTimeouts": _obj(
+                "Seconds a node may wait in each step before it fails; 0: no limit.",
+                {
+                    "waitOldGone": _int("Until the old stack's pod and advertisement are gone (600)."),
+                    "operandRestart": _int("Until the DaemonSet recreated the plugin pod (600)."),
+                    "validation": _int("Until the new plugin is Ready and advertising (600)."),
+                    "rollback": _int("Until a rolled-back node serves again (900)."),
+                },
+                default={},
+            ),
         },
         default={},
     )

@@ -183,6 +183,7 @@ class Drain:
     force: bool = False
     timeout_seconds: int = 300
     pod_selector: str = ""
+    delete_empty_dir: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,16 @@ class PodDeletion:
     force: bool = False
     timeout_seconds: int = 300
     delete_empty_dir: bool = False
+
+
+@dataclass(frozen=True)
+class StepTimeouts:
+    """Seconds a node may wait in a step; None: the upgrade engine's default (600, rollback 900)."""
+
+    wait_old_gone: int | None = None
+    operand_restart: int | None = None
+    validation: int | None = None
+    rollback: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,8 +214,10 @@ class UpgradePolicy:
     drain: Drain = field(default_factory=Drain)
     pod_deletion: PodDeletion = field(default_factory=PodDeletion)
     on_failure: OnFailure = OnFailure.HALT
+    max_failures: int = 1  # 0: never stop
     paused: bool = False
-    step_timeout_seconds: int = 600
+    step_timeout_seconds: int | None = None  # sets all of step_timeouts at once
+    step_timeouts: StepTimeouts = field(default_factory=StepTimeouts)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ Both read the cluster once through gpuforge.k8s, build the planner's snapshot wi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -143,22 +144,21 @@ def _read(kubeconfig: str | None, stack_name: str | None) -> tuple[Snapshot, Map
     from gpuforge.upgrade.convert import snapshot_from_objects
 
     kube = Kube.from_kubeconfig(kubeconfig)
-    # Kube._list is the paging reader of gpuforge.k8s (to become public; see docs/upgrades.md).
     served = kube.served_versions()
-    stacks = list(kube._list("/apis/gpuforge.io/v1alpha1/gpustacks"))
+    stacks = list(kube.list_objects("/apis/gpuforge.io/v1alpha1/gpustacks"))
     stack = next((s for s in stacks if s.get("metadata", {}).get("name") == stack_name), None)
     if stack_name and stack is None:
         raise click.ClickException(f"GpuStack {stack_name} not found")
     if stack is None and len(stacks) == 1:
         stack = stacks[0]
-    nodes = list(kube._list("/api/v1/nodes"))
-    pods = list(kube._list("/api/v1/pods"))
+    nodes = list(kube.list_objects("/api/v1/nodes"))
+    pods = list(kube.list_objects("/api/v1/pods"))
     slices: list[Any] = []
     claims: list[Any] = []
     for version in ("v1", "v1beta2", "v1beta1"):
         if version in served:
-            slices = list(kube._list(f"/apis/resource.k8s.io/{version}/resourceslices"))
-            claims = list(kube._list(f"/apis/resource.k8s.io/{version}/resourceclaims"))
+            slices = list(kube.list_objects(f"/apis/resource.k8s.io/{version}/resourceslices"))
+            claims = list(kube.list_objects(f"/apis/resource.k8s.io/{version}/resourceclaims"))
             break
     name = (stack or {}).get("metadata", {}).get("name")
     selects = _selector(stack)
@@ -257,12 +257,17 @@ def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     snapshot, stack = _read(kubeconfig, stack_name)
     if stack is None:
         raise click.ClickException("no GpuStack to plan for (name one with --stack)")
-    selected = [n.name for n in snapshot.nodes]
     try:
         policy = policy_from_spec((stack.get("spec") or {}).get("upgradePolicy"))
     except PolicyError as error:
         raise click.ClickException(str(error)) from None
-    result = make_plan(snapshot, desired_from_stack(stack, selected), policy)
+    from gpuforge import compat
+    from gpuforge.k8s.upgrade import dra_support
+
+    selects = _selector(stack)
+    selected = [n.name for n in snapshot.nodes if selects(n.labels)]
+    desired = dataclasses.replace(desired_from_stack(stack, selected), dra_support=dra_support(compat.load()))
+    result = make_plan(snapshot, desired, policy)
     report = plan_report(result)
     if output != "table":
         _emit(report, output)

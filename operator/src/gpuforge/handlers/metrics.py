@@ -7,6 +7,9 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from gpuforge.k8s.stack import Outcome
+from gpuforge.upgrade.model import NodeState
+
 RECONCILES = Counter("gpuforge_reconciles_total", "GpuStack reconcile passes.", ["stack", "result"])
 RECONCILE_SECONDS = Histogram(
     "gpuforge_reconcile_duration_seconds",
@@ -17,6 +20,30 @@ RECONCILE_SECONDS = Histogram(
 STACK_NODES = Gauge("gpuforge_stack_nodes", "Selected nodes per state.", ["stack", "state"])
 STACK_READY = Gauge("gpuforge_stack_ready", "1 when the GpuStack's Ready condition is True.", ["stack"])
 API_REQUESTS = Counter("gpuforge_api_requests_total", "Kubernetes API requests made.", ["verb", "resource"])
+UPGRADE_NODES = Gauge("gpuforge_upgrade_nodes", "Selected nodes per upgrade state.", ["stack", "state"])
+UPGRADE_TRANSITIONS = Counter(
+    "gpuforge_upgrade_transitions_total", "Node upgrade state changes.", ["stack", "from_state", "to_state"]
+)
+UPGRADE_STEP_SECONDS = Histogram(
+    "gpuforge_upgrade_step_seconds",
+    "Time a node spent in an upgrade state before leaving it (a batch's time, step by step).",
+    ["stack", "state"],
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+UPGRADE_FAILED = Gauge("gpuforge_upgrade_failed_nodes", "Nodes failed on the current target.", ["stack"])
+
+
+def record_upgrade(stack: str, outcome: Outcome) -> None:
+    if outcome.plan is None:
+        return
+    counts = outcome.plan.counts()
+    for state in NodeState:
+        UPGRADE_NODES.labels(stack, state.value).set(counts.get(state, 0))
+    UPGRADE_FAILED.labels(stack).set(len(outcome.plan.failed))
+    for change in outcome.upgrade.changes if outcome.upgrade else ():
+        UPGRADE_TRANSITIONS.labels(stack, change.from_state or "none", change.to_state or "none").inc()
+        if change.from_state and change.seconds_in_previous is not None:
+            UPGRADE_STEP_SECONDS.labels(stack, change.from_state).observe(change.seconds_in_previous)
 
 
 def count_request(verb: str, resource: str) -> None:
@@ -37,3 +64,8 @@ def forget(stack: str) -> None:
             STACK_NODES.remove(stack, state)
     with contextlib.suppress(KeyError):
         STACK_READY.remove(stack)
+    for state in NodeState:
+        with contextlib.suppress(KeyError):
+            UPGRADE_NODES.remove(stack, state.value)
+    with contextlib.suppress(KeyError):
+        UPGRADE_FAILED.remove(stack)

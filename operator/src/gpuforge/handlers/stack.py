@@ -23,7 +23,7 @@ from gpuforge.k8s.stack import Outcome, cleanup, reconcile
 
 log = logging.getLogger("gpuforge.operator")
 
-BUSY_INTERVAL = 2.0  # seconds between passes while nodes are being labelled or switched
+BUSY_INTERVAL = 1.0  # seconds between passes while nodes are being moved
 IDLE_INTERVAL = 30.0  # level-based resync of a settled stack (drift, new nodes)
 ERROR_INTERVAL = 5.0
 
@@ -72,6 +72,7 @@ def _pass(kube: Kube, name: str) -> Outcome | None:
     metrics.RECONCILES.labels(name, "ok").inc()
     if outcome is not None:
         metrics.record_nodes(name, to_dict(outcome.status.nodes), outcome.status.phase.value == "Ready")
+        metrics.record_upgrade(name, outcome)
         log.info(
             "reconciled GpuStack %s: %s, nodes %s, applied %d, pruned %d, labelled %d",
             name,

@@ -149,6 +149,7 @@ class Kube:
     def from_kubeconfig(cls, kubeconfig: str | None = None, on_request: RequestHook | None = None) -> Kube:
         """Credentials from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster account."""
         configuration = kubernetes.client.Configuration()
+        configuration.connection_pool_maxsize = 32  # the upgrade engine writes to many nodes side by side
         try:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
         except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
@@ -202,6 +203,10 @@ class Kube:
                 message = data.decode(errors="replace")[:300]
             raise ApiError(response.status, method, path, message)
         return json.loads(data) if data else None
+
+    def list_objects(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
+        """Every item of a collection (`/api/v1/nodes`, ...), fetched in pages of 500."""
+        return self._list(path, query)
 
     def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         params = {**(query or {}), "limit": "500"}
@@ -292,49 +297,34 @@ class Kube:
         self, slices_per_node: Mapping[str, int], label_selector: str | None = None
     ) -> list[NodeFacts]:
         query = {"labelSelector": label_selector} if label_selector else None
-        nodes = []
-        for item in self._list("/api/v1/nodes", query):
-            meta, spec, status = item["metadata"], item.get("spec", {}), item.get("status", {})
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-            )
-            nodes.append(
-                NodeFacts(
-                    name=meta["name"],
-                    labels=meta.get("labels") or {},
-                    kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion", ""),
-                    ready=ready,
-                    unschedulable=bool(spec.get("unschedulable")),
-                    gpu_capacity=_int_quantity((status.get("capacity") or {}).get(GPU_RESOURCE, 0)),
-                    dra_slices=slices_per_node.get(meta["name"], 0),
-                )
-            )
-        return nodes
+        return [node_facts(item, slices_per_node) for item in self._list("/api/v1/nodes", query)]
 
     def count_gpu_slices(self, resource_api_version: str | None) -> Counter[str]:
         """ResourceSlices of driver gpu.nvidia.com per node (any served version has spec.nodeName)."""
-        counts: Counter[str] = Counter()
+        return slices_per_node(self.list_gpu_slices(resource_api_version))
+
+    def list_gpu_slices(self, resource_api_version: str | None) -> list[Obj]:
         if resource_api_version is None:
-            return counts
+            return []
         path = _path(f"{RESOURCE_GROUP}/{resource_api_version}", "resourceslices")
-        for item in self._list(path, {"fieldSelector": f"spec.driver={DRA_DRIVER_GPU}"}):
-            node = (item.get("spec") or {}).get("nodeName")
-            if node:
-                counts[node] += 1
-        return counts
+        return list(self._list(path, {"fieldSelector": f"spec.driver={DRA_DRIVER_GPU}"}))
+
+    def list_resource_claims(self, resource_api_version: str | None) -> list[Obj]:
+        """Every ResourceClaim (to see which pods hold GPUs through DRA); none when DRA is not served."""
+        if resource_api_version is None:
+            return []
+        return list(self._list(_path(f"{RESOURCE_GROUP}/{resource_api_version}", "resourceclaims")))
+
+    def list_node_objects(self) -> list[Obj]:
+        return list(self._list("/api/v1/nodes"))
+
+    def list_pods(self) -> list[Obj]:
+        """Every pod scheduled to a node, in all namespaces."""
+        return list(self._list("/api/v1/pods", {"fieldSelector": "spec.nodeName!="}))
 
     def list_operand_pods(self, stack: str) -> list[OperandPod]:
         selector = f"{STACK_LABEL}={stack},{COMPONENT_LABEL} in ({','.join(sorted(PLUGIN_COMPONENTS))})"
-        pods = []
-        for item in self._list("/api/v1/pods", {"labelSelector": selector}):
-            meta = item["metadata"]
-            node = (item.get("spec") or {}).get("nodeName")
-            if node and not meta.get("deletionTimestamp"):
-                labels = meta.get("labels") or {}
-                pods.append(
-                    OperandPod(meta["name"], node, stack, labels.get(COMPONENT_LABEL, ""), _pod_ready(item))
-                )
-        return pods
+        return operand_pods(self._list("/api/v1/pods", {"labelSelector": selector}), stack)
 
     def count_claim_pods(self, node: str) -> int:
         """Unfinished pods on `node` that hold ResourceClaims (directly or via DRA extended resources)."""
@@ -348,12 +338,64 @@ class Kube:
         return count
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
-        body = {"metadata": {"labels": dict(labels)}}
+        self.patch_node(node, {"metadata": {"labels": dict(labels)}})
+
+    def patch_node(self, node: str, patch: Mapping[str, Any]) -> None:
+        """One JSON merge patch of a Node (labels, annotations, spec.unschedulable together)."""
         self._request(
-            "PATCH", f"/api/v1/nodes/{quote(node)}", body=body, content_type="application/merge-patch+json"
+            "PATCH", f"/api/v1/nodes/{quote(node)}", body=patch, content_type="application/merge-patch+json"
         )
 
+    def evict_pod(self, namespace: str, name: str) -> bool:
+        """Evict through the eviction API, so PodDisruptionBudgets hold. False: refused for now (429: a
+        budget does not allow it); a pod already gone counts as evicted."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        try:
+            self._request("POST", _path("v1", "pods", namespace, name) + "/eviction", body=body)
+        except ApiError as err:
+            if err.status == 404:
+                return True
+            if err.status == 429:
+                return False
+            raise
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (an outdated operand pod: its OnDelete DaemonSet recreates it); gone is fine."""
+        try:
+            self._request("DELETE", _path("v1", "pods", namespace, name))
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
     # --- events ----------------------------------------------------------------------------------------
+
+    def emit_node_event(self, node: str, kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on a Node (one per upgrade state change; `kubectl describe node` shows it)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{node}.", "namespace": EVENTS_NAMESPACE},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "gpuforge-operator", "host": node},
+            "reportingComponent": "gpuforge.io/operator",
+            "reportingInstance": "gpuforge-operator",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
+        except ApiError as err:
+            log.warning("could not post event %s on node %s: %s", reason, node, err)
 
     def emit_event(self, stack: GpuStack, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the GpuStack; the same reason and message are not repeated in a row."""
@@ -387,3 +429,48 @@ class Kube:
             self._request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
         except ApiError as err:  # an event is worth a log line, never a failed reconcile
             log.warning("could not post event %s: %s", reason, err)
+
+
+# --- API objects to typed facts (no I/O) -------------------------------------------------------------
+
+
+def node_facts(item: Mapping[str, Any], slices: Mapping[str, int]) -> NodeFacts:
+    meta, spec, status = item["metadata"], item.get("spec") or {}, item.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    return NodeFacts(
+        name=meta["name"],
+        labels=meta.get("labels") or {},
+        kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion", ""),
+        ready=ready,
+        unschedulable=bool(spec.get("unschedulable")),
+        gpu_capacity=_int_quantity((status.get("capacity") or {}).get(GPU_RESOURCE, 0)),
+        dra_slices=slices.get(meta["name"], 0),
+    )
+
+
+def slices_per_node(slices: Iterable[Mapping[str, Any]]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for item in slices:
+        node = (item.get("spec") or {}).get("nodeName")
+        if node:
+            counts[node] += 1
+    return counts
+
+
+def operand_pods(items: Iterable[Mapping[str, Any]], stack: str) -> list[OperandPod]:
+    """The stack's plugin pods (not being deleted) among `items`."""
+    pods = []
+    for item in items:
+        meta = item["metadata"]
+        labels = meta.get("labels") or {}
+        node = (item.get("spec") or {}).get("nodeName")
+        if (
+            node
+            and not meta.get("deletionTimestamp")
+            and labels.get(STACK_LABEL) == stack
+            and labels.get(COMPONENT_LABEL) in PLUGIN_COMPONENTS
+        ):
+            pods.append(OperandPod(meta["name"], node, stack, labels[COMPONENT_LABEL], _pod_ready(item)))
+    return pods

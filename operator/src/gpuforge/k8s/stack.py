@@ -1,16 +1,21 @@
 """Reconcile and clean up one GpuStack: read the cluster, ask the pure core, write the result.
 
-The shell around `gpuforge.render`: every decision is made by `place`, `render` and `compute_status`
-from what is read here, so running it again (after a crash, on a timer) converges on the same state.
+The shell around `gpuforge.render` and `gpuforge.upgrade`: every decision is made by `place` (which
+nodes the stack serves), the upgrade planner (what each node runs and when it moves; applied by
+`gpuforge.k8s.upgrade`), `render` and `compute_status`, from what is read here once per pass, so running
+it again (after a crash, on a timer) converges on the same state.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from gpuforge import compat as compat_data
@@ -24,7 +29,19 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     STACK_LABEL,
 )
-from gpuforge.k8s.client import ApiError, Kube, Ref
+from gpuforge.k8s.client import ApiError, Kube, Ref, node_facts, operand_pods, slices_per_node
+from gpuforge.k8s.upgrade import (
+    Applied,
+    ClusterView,
+    apply_plan,
+    desired_of,
+    failures,
+    in_flight,
+    labels_after,
+    read_cluster,
+    snapshot_of,
+    upgrade_status,
+)
 from gpuforge.render.manifests import (
     COMPONENT_STACK,
     RENDERED_COMPONENTS,
@@ -35,10 +52,19 @@ from gpuforge.render.manifests import (
     object_key,
     render,
 )
-from gpuforge.render.placement import Placement, needs_claim_check, place, release
+from gpuforge.render.placement import Placement, Problem, operands_in_use, place, release
 from gpuforge.render.status import compute_status
+from gpuforge.upgrade.convert import PolicyError, policy_from_spec
+from gpuforge.upgrade.model import NodeState, Plan
+from gpuforge.upgrade.planner import plan as upgrade_plan
 
 log = logging.getLogger(__name__)
+
+
+# While the rendered objects stay the same, a busy pass (every second while nodes move) does not apply
+# and prune them again; a settled stack is re-applied on every idle pass, which corrects drift.
+RESYNC_SECONDS = 25.0
+_last_applied: dict[str, tuple[str, float]] = {}  # stack uid -> (digest of what was applied, when)
 
 
 @dataclass(frozen=True)
@@ -48,6 +74,8 @@ class Outcome:
     applied: int
     pruned: int
     labelled: int
+    plan: Plan | None = None
+    upgrade: Applied | None = None
 
     @property
     def settled(self) -> bool:
@@ -77,8 +105,13 @@ def _with_claims(kube: Kube, nodes: Sequence[NodeFacts], names: Sequence[str]) -
     ]
 
 
-def _render_all(stack: GpuStack, operands: frozenset[Mode], dra_api: str | None) -> list[Manifest]:
-    return render(RenderInput(stack, operands, dra_api, compat_data.load()))
+def _render_all(
+    stack: GpuStack,
+    operands: frozenset[Mode],
+    dra_api: str | None,
+    pinned: frozenset[tuple[Mode, str]] = frozenset(),
+) -> list[Manifest]:
+    return render(RenderInput(stack, operands, dra_api, compat_data.load(), pinned))
 
 
 def _others_rendered(
@@ -95,6 +128,50 @@ def _others_rendered(
     return out
 
 
+@dataclass(frozen=True)
+class _Upgrade:
+    """The upgrade engine's part of one pass."""
+
+    plan: Plan
+    applied: Applied
+    problems: tuple[Problem, ...]
+    status: dict[str, Any]
+    progress: str  # for the Progressing condition; "" when nothing moves
+
+
+def _upgrade(
+    kube: Kube, stack: GpuStack, body: Mapping[str, Any], view: ClusterView, placement: Placement
+) -> _Upgrade | None:
+    """Plan the node moves of the stack and carry them out; None when the spec cannot be planned."""
+    if not _renderable(placement):
+        return None
+    try:
+        policy = policy_from_spec((body.get("spec") or {}).get("upgradePolicy"))
+    except PolicyError as err:
+        return _Upgrade(Plan(()), Applied(0, (), 0, 0, 0, ()), (Problem(c.UPGRADE_FAILED, str(err)),), {}, "")
+    now = datetime.now(UTC)
+    snapshot = snapshot_of(view, stack.name, placement.planned, now)
+    plan = upgrade_plan(snapshot, desired_of(stack, placement.planned, compat_data.load()), policy)
+    applied = apply_plan(kube, plan, snapshot)
+    failed = failures(plan, snapshot)
+    problems = []
+    if failed:
+        named = "; ".join(f"{name}: {why}" if why else name for name, why in sorted(failed.items())[:10])
+        problems.append(
+            Problem(
+                c.UPGRADE_FAILED, f"{len(failed)} node(s) failed on {plan.target}: {named}", tuple(failed)
+            )
+        )
+    moving = in_flight(plan)
+    waiting = plan.counts().get(NodeState.UPGRADE_REQUIRED, 0)
+    progress = ""
+    if moving or any(t.changes_state for t in plan.transitions):
+        shown = ", ".join(f"{n} ({plan.states[n]})" for n in moving[:5])
+        more = f" and {len(moving) - 5} more" if len(moving) > 5 else ""
+        progress = f"{len(moving)} node(s) in progress: {shown}{more}; {waiting} waiting"
+    return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress)
+
+
 def reconcile(kube: Kube, name: str) -> Outcome | None:
     """One level-based pass over GpuStack `name`; None when it is gone or being deleted."""
     body = kube.get_stack(name)
@@ -105,48 +182,75 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
     stacks = kube.list_stacks()
     served = kube.served_versions()
     dra_api = compat.best_resource_api(served)
-    nodes = kube.list_nodes(kube.count_gpu_slices(dra_api))
-    nodes = _with_claims(kube, nodes, needs_claim_check(stack, nodes, stacks))
-    pods = kube.list_operand_pods(stack.name)
+    view = read_cluster(kube, dra_api, served)
+    slices = slices_per_node(view.slices)
+    nodes = [node_facts(item, slices) for item in view.nodes]
+    pods = operand_pods(view.pods, stack.name)
     placement = place(stack, nodes, stacks, pods, served, compat)
 
     applied = pruned = labelled = 0
     error = None
+    upgrade: _Upgrade | None = None
     try:
+        upgrade = _upgrade(kube, stack, body, view, placement)
+        if upgrade is not None:
+            labelled = len(upgrade.plan.transitions)
+            after = labels_after(view.nodes, upgrade.plan)
+            held = [dataclasses.replace(n, labels=after.get(n.name, n.labels)) for n in nodes]
+            operands, pinned = operands_in_use(stack, [n for n in held if n.labels.get(STACK_LABEL) == name])
+            placement = dataclasses.replace(
+                placement,
+                operands=operands,
+                pinned=pinned,
+                problems=placement.problems + upgrade.problems,
+            )
         desired = (
-            _render_all(stack, placement.operands, placement.dra_api_version)
+            _render_all(stack, placement.operands, placement.dra_api_version, placement.pinned)
             if _renderable(placement)
             else []
         )
         shared = held_elsewhere(stack, desired, _others_rendered(stack, stacks, dra_api))
-        for obj in desired:
-            if object_key(obj) not in shared:
-                kube.apply(obj)
-                applied += 1
-        keep = {object_key(o) for o in desired}
-        for ref in _prune_order(kube.list_owned(stack.name, RENDERED_COMPONENTS, dra_api)):
-            if _key(ref) not in keep and kube.delete(ref):
-                pruned += 1
-                log.info("pruned %s %s/%s of GpuStack %s", ref.kind, ref.namespace, ref.name, stack.name)
-        for step in (*placement.steps, *placement.releases):
-            if step.labels:
-                kube.patch_node_labels(step.node, step.labels)
-                labelled += 1
+        digest = hashlib.sha256(json.dumps([desired, sorted(shared)], sort_keys=True).encode()).hexdigest()
+        last = _last_applied.get(stack.uid or name)
+        if last is None or last[0] != digest or time.monotonic() - last[1] > RESYNC_SECONDS:
+            for obj in desired:
+                if object_key(obj) not in shared:
+                    kube.apply(obj)
+                    applied += 1
+            keep = {object_key(o) for o in desired}
+            for ref in _prune_order(kube.list_owned(stack.name, RENDERED_COMPONENTS, dra_api)):
+                if _key(ref) not in keep and kube.delete(ref):
+                    pruned += 1
+                    log.info("pruned %s %s/%s of GpuStack %s", ref.kind, ref.namespace, ref.name, stack.name)
+            _last_applied[stack.uid or name] = (digest, time.monotonic())
     except ApiError as err:
         error = str(err)
+        _last_applied.pop(stack.uid or name, None)
         log.warning("GpuStack %s: %s", stack.name, error)
 
-    status = compute_status(stack, placement, _previous_conditions(body), _now(), error)
-    kube.patch_stack_status(stack.name, status_to_dict(status))
+    status = compute_status(
+        stack, placement, _previous_conditions(body), _now(), error, upgrade.progress if upgrade else ""
+    )
+    patch = status_to_dict(status)
+    if upgrade is not None and upgrade.status:
+        patch["upgrade"] = upgrade.status
+    kube.patch_stack_status(stack.name, patch)
     for problem in placement.problems:
         kube.emit_event(stack, "Warning", problem.reason, problem.message)
+    if upgrade is not None:
+        for refusal in upgrade.plan.refusals:
+            kube.emit_event(stack, "Warning", refusal.reason.value, refusal.message)
     if error:
         kube.emit_event(stack, "Warning", c.RECONCILE_FAILED, error)
-    if labelled:
-        kube.emit_event(
-            stack, "Normal", c.NODE_LABELLED, f"labelled {labelled} node(s); {status.nodes_ready} ready"
-        )
-    return Outcome(status, placement, applied, pruned, labelled)
+    return Outcome(
+        status,
+        placement,
+        applied,
+        pruned,
+        labelled,
+        upgrade.plan if upgrade else None,
+        upgrade.applied if upgrade else None,
+    )
 
 
 def _renderable(placement: Placement) -> bool:

@@ -56,6 +56,10 @@ RENDERED_COMPONENTS = (
     COMPONENT_DRA_KUBELET_PLUGIN,
     COMPONENT_DRA_CONTROLLER,
 )
+# On operand pods: the release they run (the upgrade planner reads it).
+VERSION_LABEL = "app.kubernetes.io/version"
+# Selector label of a pinned DaemonSet's pods (the release), so it never overlaps the main DaemonSet's.
+PINNED_LABEL = f"{GROUP}/pinned"
 # Pod template annotation: a hash of the plugin's config, so a config change is a new DaemonSet revision.
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 
@@ -74,6 +78,9 @@ class RenderInput:
     # resource.k8s.io version for DeviceClasses ("v1", "v1beta2", "v1beta1"); None: DeviceClasses left out.
     dra_api_version: str | None
     compat: Compat
+    # Releases nodes are pinned to (a rolled-back node: deploy label value = the release): one extra
+    # DaemonSet per (mode, release), selecting `<deploy label>=<release>`.
+    pinned: frozenset[tuple[Mode, str]] = frozenset()
 
 
 @functools.cache
@@ -119,21 +126,60 @@ def _image(repository: str, default_repository: str, version: str) -> str:
     return f"{repository or default_repository}:{version}"
 
 
+def pinned_suffix(version: str) -> str:
+    """`v0.17.0` -> `v0-17-0`: a release as part of an object name."""
+    return "".join(ch if ch.isalnum() else "-" for ch in version.lower()).strip("-")
+
+
+def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> list[dict[str, Any]]:
+    """The main DaemonSet of `mode` (deploy label "true") if it is an operand, plus one per pinned release."""
+    main_version = (
+        inp.stack.spec.device_plugin.version if mode is Mode.DEVICE_PLUGIN else inp.stack.spec.dra.version
+    )
+    wanted: list[tuple[str, str, bool]] = []  # (name, version, pinned)
+    if mode in inp.operands:
+        wanted.append((base, main_version, False))
+    for pinned_mode, version in sorted(inp.pinned):
+        if pinned_mode is mode and version != main_version:
+            wanted.append((f"{base}-{pinned_suffix(version)}", version, True))
+    out: list[dict[str, Any]] = []
+    for name, version, pinned in wanted:
+        release = (
+            inp.compat.device_plugin_release(version)
+            if mode is Mode.DEVICE_PLUGIN
+            else inp.compat.dra_release(version)
+        )
+        out.append(
+            {
+                "name": name,
+                "version": version,
+                "deploy_value": version if pinned else "true",
+                "pinned": pinned,
+                "image": _image(repository, release.image, version),
+            }
+        )
+    return out
+
+
 def _context(inp: RenderInput) -> dict[str, Any]:
     stack, spec = inp.stack, inp.stack.spec
     name = stack.name
+    pinned_modes = {mode for mode, _ in inp.pinned}
     dp = None
-    if Mode.DEVICE_PLUGIN in inp.operands:
+    if Mode.DEVICE_PLUGIN in inp.operands | pinned_modes:
         dp_release = inp.compat.device_plugin_release(spec.device_plugin.version)
         config_yaml = yaml.safe_dump(device_plugin_config(stack), sort_keys=False)
         dp = {
             "image": _image(spec.device_plugin.image, dp_release.image, spec.device_plugin.version),
+            "daemonsets": _daemonsets(
+                inp, Mode.DEVICE_PLUGIN, f"{name}-device-plugin", spec.device_plugin.image
+            ),
             "config_yaml": config_yaml,
             "config_hash": hashlib.sha256(config_yaml.encode()).hexdigest()[:16],
             "mig_strategy": spec.device_plugin.mig_strategy.value,
         }
     dra = None
-    if Mode.DRA in inp.operands:
+    if Mode.DRA in inp.operands | pinned_modes:
         release = inp.compat.dra_release(spec.dra.version)
         classes = []
         for class_name in sorted(spec.dra.device_classes):
@@ -152,6 +198,7 @@ def _context(inp: RenderInput) -> dict[str, Any]:
             )
         dra = {
             "image": _image(spec.dra.image, release.image, spec.dra.version),
+            "daemonsets": _daemonsets(inp, Mode.DRA, f"{name}-dra-kubelet-plugin", spec.dra.image),
             "api_version": inp.dra_api_version,
             "device_classes": classes,
             "admission_policy": release.admission_policy,
@@ -178,6 +225,8 @@ def _context(inp: RenderInput) -> dict[str, Any]:
         "deploy_dra_kubelet_plugin": DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
         "device_plugin_path": DEVICE_PLUGIN_PATH,
         "config_hash": CONFIG_HASH_ANNOTATION,
+        "version": VERSION_LABEL,
+        "pinned": PINNED_LABEL,
     }
     return {"name": name, "namespace": spec.namespace, "dp": dp, "dra": dra, "pods": pods, "k": keys}
 

@@ -10,9 +10,9 @@ Rules:
   a conflict naming the node and the other stack, and lets go of the node if it held it.
 - A node whose kubelet (or the API server) cannot work with the operand is refused, named in a condition;
   a node already running the operand is left running.
-- The two deploy labels are never "true" together on one node: the old one is removed first, then the
-  operator waits until the node's old advertisement is gone, and only then sets the new one
-  (`choose_operand`, which the upgrade engine replaces with its node-by-node plan).
+- Which operand runs on a node (the deploy labels) is decided node by node by the upgrade engine
+  (`gpuforge.upgrade`); here a node is only observed (`observe`) for the status, and `planned` names the
+  nodes that engine may move.
 - The DRA kubelet plugin leaves a node only once no pod on it holds a ResourceClaim: without the plugin
   those pods could not be unprepared and would hang in Terminating.
 """
@@ -80,6 +80,10 @@ class Placement:
     operands: frozenset[
         Mode
     ]  # operand DaemonSets to keep: the mode's, plus the other while nodes still run it
+    # Selected nodes the upgrade engine moves (not another stack's; DRA refusals are the engine's own).
+    planned: frozenset[str] = frozenset()
+    # (mode, release) of nodes pinned to a release other than the stack's (rolled back): DaemonSets to keep.
+    pinned: frozenset[tuple[Mode, str]] = frozenset()
 
 
 # --- selection ---------------------------------------------------------------------------------------
@@ -127,28 +131,19 @@ def _claim_wait(node: NodeFacts) -> str | None:
     return None
 
 
-def choose_operand(node: NodeFacts, stack: str, mode: Mode, plugin_ready: bool) -> NodeStep:
-    """Label `node` so that it runs `mode`'s plugin for `stack`, one safe step at a time.
-
-    The single place that moves a node between operands; the upgrade engine's plan takes it over.
-    """
+def observe(node: NodeFacts, mode: Mode, plugin_ready: bool) -> NodeStep:
+    """Where `node` stands with `mode`'s operand, for status only: the labels are the upgrade engine's
+    (`gpuforge.upgrade`), which moves nodes between operands and releases one by one."""
     target, old = DEPLOY_LABEL[mode], DEPLOY_LABEL[other_mode(mode)]
-    patch: dict[str, str | None] = {}
-    if node.labels.get(STACK_LABEL) != stack:
-        patch[STACK_LABEL] = stack
-    if old in node.labels:
-        if old == DEPLOY_DRA_KUBELET_PLUGIN_LABEL and (wait := _claim_wait(node)):
-            return NodeStep(node.name, NodeState.SWITCHING, patch, wait)
-        patch[old] = None
-        return NodeStep(node.name, NodeState.SWITCHING, patch, f"removing {old}")
+    if node.labels.get(old, "") not in ("", "false"):
+        return NodeStep(node.name, NodeState.SWITCHING, detail=f"{old} still on")
     if _advertises(node, other_mode(mode)):
-        return NodeStep(node.name, NodeState.SWITCHING, patch, "waiting for the old advertisement to go")
-    if node.labels.get(target) != "true":
-        patch[target] = "true"
-        return NodeStep(node.name, NodeState.PENDING, patch, f"setting {target}")
+        return NodeStep(node.name, NodeState.SWITCHING, detail="waiting for the old advertisement to go")
+    if node.labels.get(target, "") in ("", "false"):
+        return NodeStep(node.name, NodeState.PENDING, detail=f"{target} not set yet")
     if plugin_ready and _advertises(node, mode):
-        return NodeStep(node.name, NodeState.READY, patch)
-    return NodeStep(node.name, NodeState.PENDING, patch, "waiting for the plugin")
+        return NodeStep(node.name, NodeState.READY)
+    return NodeStep(node.name, NodeState.PENDING, detail="waiting for the plugin")
 
 
 def release(node: NodeFacts) -> NodeStep:
@@ -225,6 +220,7 @@ def place(
 
     steps: list[NodeStep] = []
     releases: list[NodeStep] = []
+    planned: set[str] = set()
     conflicts: dict[str, list[str]] = {}
     refusals: dict[str, list[str]] = {}
     for node in nodes:
@@ -244,13 +240,15 @@ def place(
         if held_by not in (None, stack.name) and held_by in existing:
             steps.append(NodeStep(node.name, NodeState.PENDING, detail=f"GpuStack {held_by} is releasing it"))
             continue
-        runs_ours = held_by == stack.name and node.labels.get(DEPLOY_LABEL[mode]) == "true"
+        runs_ours = held_by == stack.name and node.labels.get(DEPLOY_LABEL[mode], "") not in ("", "false")
         refusal = stack_refusal or _compat_problem(stack, node, served_resource_versions, compat)
+        if refusal is None or mode is Mode.DRA:
+            planned.add(node.name)
         if refusal is not None and not runs_ours:
             refusals.setdefault(refusal, []).append(node.name)
             steps.append(NodeStep(node.name, NodeState.REFUSED, detail=refusal))
             continue
-        steps.append(choose_operand(node, stack.name, mode, (node.name, COMPONENT[mode]) in ready_plugins))
+        steps.append(observe(node, mode, (node.name, COMPONENT[mode]) in ready_plugins))
 
     for owner_name, names in sorted(conflicts.items()):
         message = f"older GpuStack {owner_name} also selects nodes {_names(names)}"
@@ -261,11 +259,27 @@ def place(
             continue  # already reported once for the whole stack
         problems.append(Problem(reason, f"{refusal}: refused on nodes {_names(names)}", tuple(names)))
 
-    # Keep an operand's DaemonSet while any node the stack holds still carries its deploy label.
-    operands = {mode} | {
-        m for n in _held(stack, nodes) for m, label in DEPLOY_LABEL.items() if label in n.labels
-    }
-    return Placement(tuple(steps), tuple(releases), tuple(problems), dra_api, frozenset(operands))
+    operands, pinned = operands_in_use(stack, _held(stack, nodes))
+    return Placement(
+        tuple(steps), tuple(releases), tuple(problems), dra_api, operands, frozenset(planned), pinned
+    )
+
+
+def operands_in_use(
+    stack: GpuStack, held: Iterable[NodeFacts]
+) -> tuple[frozenset[Mode], frozenset[tuple[Mode, str]]]:
+    """Keep an operand's DaemonSet while any node the stack holds carries its deploy label: "true" is the
+    main DaemonSet, any other value a release the node is pinned to (one DaemonSet per release)."""
+    operands = {stack.spec.mode}
+    pinned: set[tuple[Mode, str]] = set()
+    for node in held:
+        for m, label in DEPLOY_LABEL.items():
+            value = node.labels.get(label, "")
+            if value == "true":
+                operands.add(m)
+            elif value not in ("", "false"):
+                pinned.add((m, value))
+    return frozenset(operands), frozenset(pinned)
 
 
 def _held(stack: GpuStack, nodes: Iterable[NodeFacts]) -> list[NodeFacts]:

@@ -37,8 +37,10 @@ def compute_status(
     previous: Sequence[Condition],
     now: str,
     apply_error: str | None = None,
+    upgrading: str = "",
 ) -> GpuStackStatus:
-    """`now`: RFC 3339 timestamp; `apply_error`: why applying manifests or labels failed, if it did."""
+    """`now`: RFC 3339 timestamp; `apply_error`: why applying manifests or labels failed, if it did;
+    `upgrading`: what the upgrade engine is doing, if it is moving nodes."""
     states = Counter(step.state for step in placement.steps)
     counts = NodeCounts(
         total=len(placement.steps),
@@ -62,8 +64,10 @@ def compute_status(
         previous, now, gen,
     )  # fmt: skip
 
-    moving = counts.pending + counts.switching + len(placement.releases)
-    if counts.switching or placement.releases:
+    moving = counts.pending + counts.switching + len(placement.releases) + (1 if upgrading else 0)
+    if upgrading:
+        progress_reason, progress_message = c.UPGRADING, upgrading
+    elif counts.switching or placement.releases:
         progress_reason, progress_message = c.MODE_SWITCH, _waiting(placement)
     elif counts.pending:
         progress_reason, progress_message = c.NODES_PENDING, _waiting(placement)

@@ -474,7 +474,13 @@ def test_every_shipped_permission_is_used(op_cluster: Any, operator: OperatorPro
         "apiVersion": "gpuforge.io/v1alpha1",
         "kind": "GpuStack",
         "metadata": {"name": "rbac"},
-        "spec": {"mode": "dra", "dra": {"computeDomains": True}, "namespace": "gpuforge-rbac"},
+        "spec": {
+            "mode": "dra",
+            "dra": {"computeDomains": True},
+            "namespace": "gpuforge-rbac",
+            # all nodes at once; the bare test pod below is evicted only with force
+            "upgradePolicy": {"maxUnavailable": "100%", "maxParallel": 0, "podDeletion": {"force": True}},
+        },
     }
     apply(cluster, yaml.safe_dump(stack))
     wait_for(
@@ -497,6 +503,26 @@ def test_every_shipped_permission_is_used(op_cluster: Any, operator: OperatorPro
             != 0
         ),
     )
+    # A new DRA driver release: the upgrade engine deletes each outdated plugin pod (OnDelete DaemonSet).
+    stack["spec"]["dra"]["version"] = "v0.4.1"
+
+    def upgraded() -> bool:
+        pods = kube_json(
+            cluster, "pods", "-n", "gpuforge-rbac", "-l", f"{COMPONENT_LABEL}=dra-kubelet-plugin"
+        )
+        images = [p["spec"]["containers"][0]["image"] for p in pods["items"]]
+        return len(images) == len(GPU_NODES) and all(i.endswith(":v0.4.1") for i in images)
+
+    apply(cluster, yaml.safe_dump(stack))
+    wait_for("the DRA plugin pods at v0.4.1", upgraded)
+    # A GPU pod on a DRA node: the switch below evicts it (eviction API) before the node changes stack.
+    ns = f"t-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", ns)
+    apply(cluster, CLAIM_POD.format(version="v1", ns=ns))
+    wait_for(
+        "the claim pod to be scheduled",
+        lambda: kube_json(cluster, "pod", "-n", ns, "trainer")["spec"].get("nodeName"),
+    )
     stack["spec"]["mode"] = "devicePlugin"  # switches every node over; renders the plugin's ConfigMap
     apply(cluster, yaml.safe_dump(stack))
 
@@ -505,8 +531,9 @@ def test_every_shipped_permission_is_used(op_cluster: Any, operator: OperatorPro
         operands = status.get("operands", {})
         return status.get("phase") == "Ready" and "devicePlugin" in operands and "draDriver" not in operands
 
-    wait_for("the switch to the device plugin", switched)
+    wait_for("the switch to the device plugin", switched, timeout=180)
     delete_stack_and_wait(cluster, "rbac")
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
     used = set(FRAMEWORK_USES)
     for line in operator.metrics().splitlines():

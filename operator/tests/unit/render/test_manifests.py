@@ -139,3 +139,20 @@ def test_older_stack_holds_shared_objects() -> None:
     }
     assert held_elsewhere(old, objects["old"], [(new, objects["new"])]) == set()
     assert object_key(objects["new"][0]) == ("", "Namespace", "", "gpuforge-operands")
+
+
+def test_pinned_release_gets_its_own_daemonset() -> None:
+    """A node rolled back to v0.17.0 (deploy label value "v0.17.0") keeps a DaemonSet of that release,
+    whose selector never overlaps the main DaemonSet's pods."""
+    stack = GpuStack("s", from_dict(GpuStackSpec, {"devicePlugin": {"version": "v0.18.0"}}))
+    objects = render(RenderInput(stack, frozenset({DP}), None, compat.load(), frozenset({(DP, "v0.17.0")})))
+    daemonsets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+    assert set(daemonsets) == {"s-device-plugin", "s-device-plugin-v0-17-0"}
+    pinned = daemonsets["s-device-plugin-v0-17-0"]["spec"]
+    assert pinned["template"]["spec"]["nodeSelector"]["gpuforge.io/deploy.device-plugin"] == "v0.17.0"
+    assert pinned["template"]["spec"]["containers"][0]["image"].endswith(":v0.17.0")
+    assert pinned["selector"]["matchLabels"]["gpuforge.io/pinned"] == "v0.17.0"
+    assert pinned["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == "v0.17.0"
+    main = daemonsets["s-device-plugin"]["spec"]
+    assert main["template"]["spec"]["nodeSelector"]["gpuforge.io/deploy.device-plugin"] == "true"
+    assert main["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == "v0.18.0"

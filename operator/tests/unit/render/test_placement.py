@@ -29,7 +29,7 @@ from gpuforge.constants import (
 from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL as DRA_LABEL,
 )
-from gpuforge.render.placement import NodeState, choose_operand, needs_claim_check, place, release, selects
+from gpuforge.render.placement import NodeState, needs_claim_check, observe, place, release, selects
 
 C = compat.load()
 ALL_APIS = frozenset({"v1", "v1beta1", "v1beta2"})
@@ -92,65 +92,28 @@ MINE = {STACK_LABEL: "s"}
 
 
 @pytest.mark.parametrize(
-    ("facts", "mode", "ready", "state", "patch"),
+    ("facts", "mode", "ready", "state"),
     [
-        # fresh node: take it and set the deploy label in one patch
-        (node(), Mode.DEVICE_PLUGIN, False, NodeState.PENDING, {STACK_LABEL: "s", DP_LABEL: "true"}),
-        (node(labels={**MINE, DP_LABEL: "true"}), Mode.DEVICE_PLUGIN, False, NodeState.PENDING, {}),
-        (node(labels={**MINE, DP_LABEL: "true"}, gpu=8), Mode.DEVICE_PLUGIN, True, NodeState.READY, {}),
+        # fresh node: the upgrade engine has not set the deploy label yet
+        (node(), Mode.DEVICE_PLUGIN, False, NodeState.PENDING),
+        (node(labels={**MINE, DP_LABEL: "true"}), Mode.DEVICE_PLUGIN, False, NodeState.PENDING),
+        (node(labels={**MINE, DP_LABEL: "true"}, gpu=8), Mode.DEVICE_PLUGIN, True, NodeState.READY),
+        # pinned to a release (rolled back) and serving: ready
+        (node(labels={**MINE, DP_LABEL: "v0.17.0"}, gpu=8), Mode.DEVICE_PLUGIN, True, NodeState.READY),
         # plugin Ready but nothing advertised yet: still pending
-        (node(labels={**MINE, DP_LABEL: "true"}), Mode.DEVICE_PLUGIN, True, NodeState.PENDING, {}),
-        # device plugin -> DRA: remove the old label first, never both
-        (
-            node(labels={**MINE, DP_LABEL: "true"}, gpu=8),
-            Mode.DRA,
-            False,
-            NodeState.SWITCHING,
-            {DP_LABEL: None},
-        ),
-        # old label gone, old advertisement still there: wait
-        (node(labels=MINE, gpu=8), Mode.DRA, False, NodeState.SWITCHING, {}),
-        (node(labels=MINE), Mode.DRA, False, NodeState.PENDING, {DRA_LABEL: "true"}),
-        (node(labels={**MINE, DRA_LABEL: "true"}, slices=1), Mode.DRA, True, NodeState.READY, {}),
-        # DRA -> device plugin: the DRA plugin stays while pods hold claims
-        (
-            node(labels={**MINE, DRA_LABEL: "true"}, claims=2),
-            Mode.DEVICE_PLUGIN,
-            False,
-            NodeState.SWITCHING,
-            {},
-        ),
-        (node(labels={**MINE, DRA_LABEL: "true"}), Mode.DEVICE_PLUGIN, False, NodeState.SWITCHING, {}),
-        (
-            node(labels={**MINE, DRA_LABEL: "true"}, claims=0, slices=1),
-            Mode.DEVICE_PLUGIN,
-            False,
-            NodeState.SWITCHING,
-            {DRA_LABEL: None},
-        ),
-        (node(labels=MINE, slices=1), Mode.DEVICE_PLUGIN, False, NodeState.SWITCHING, {}),
+        (node(labels={**MINE, DP_LABEL: "true"}), Mode.DEVICE_PLUGIN, True, NodeState.PENDING),
+        # device plugin -> DRA: old label or old advertisement still there
+        (node(labels={**MINE, DP_LABEL: "true"}, gpu=8), Mode.DRA, False, NodeState.SWITCHING),
+        (node(labels=MINE, gpu=8), Mode.DRA, False, NodeState.SWITCHING),
+        (node(labels=MINE), Mode.DRA, False, NodeState.PENDING),
+        (node(labels={**MINE, DRA_LABEL: "true"}, slices=1), Mode.DRA, True, NodeState.READY),
+        (node(labels={**MINE, DRA_LABEL: "true"}), Mode.DEVICE_PLUGIN, False, NodeState.SWITCHING),
+        (node(labels=MINE, slices=1), Mode.DEVICE_PLUGIN, False, NodeState.SWITCHING),
     ],
 )
-def test_choose_operand(
-    facts: NodeFacts, mode: Mode, ready: bool, state: NodeState, patch: dict[str, str | None]
-) -> None:
-    step = choose_operand(facts, "s", mode, ready)
-    assert (step.state, dict(step.labels)) == (state, patch)
-
-
-@pytest.mark.parametrize("mode", list(Mode))
-@pytest.mark.parametrize(
-    "labels", [{}, MINE, {**MINE, DP_LABEL: "true"}, {**MINE, DRA_LABEL: "true"}, {**MINE, DP_LABEL: "x"}]
-)
-def test_never_both_deploy_labels(mode: Mode, labels: dict[str, str]) -> None:
-    facts = node(labels=labels, gpu=1, slices=1, claims=0)
-    after = {**facts.labels}
-    for key, value in choose_operand(facts, "s", mode, True).labels.items():
-        if value is None:
-            after.pop(key, None)
-        else:
-            after[key] = value
-    assert not (DP_LABEL in after and DRA_LABEL in after and after[DP_LABEL] == after[DRA_LABEL] == "true")
+def test_observe(facts: NodeFacts, mode: Mode, ready: bool, state: NodeState) -> None:
+    step = observe(facts, mode, ready)
+    assert step.state is state and step.labels == {}
 
 
 @pytest.mark.parametrize(
@@ -187,7 +150,8 @@ def test_fresh_nodes_are_labelled_and_others_left_alone() -> None:
     nodes = [node("g1"), node("g2"), NodeFacts("cpu", {}, "v1.36.0")]
     placement = place(stack(), nodes, [stack()], [], ALL_APIS, C)
     assert [s.node for s in placement.steps] == ["g1", "g2"]
-    assert all(s.labels == {STACK_LABEL: "s", DP_LABEL: "true"} for s in placement.steps)
+    assert all(s.labels == {} and s.state is NodeState.PENDING for s in placement.steps)
+    assert placement.planned == frozenset({"g1", "g2"})  # the upgrade engine labels them
     assert placement.problems == () and placement.releases == ()
 
 
@@ -214,6 +178,7 @@ def test_younger_stack_is_refused_on_shared_nodes() -> None:
     older = place(old, nodes, [old, young], [], ALL_APIS, C)
     assert [(s.node, s.state) for s in older.steps] == [("g1", NodeState.PENDING), ("g2", NodeState.PENDING)]
     assert older.steps[0].labels == {} and "young" in older.steps[0].detail
+    assert older.planned == frozenset({"g2"}) and placement.planned == frozenset()
 
 
 def test_unselected_node_is_released() -> None:
@@ -278,3 +243,21 @@ def test_dra_pods_count_for_dra_nodes() -> None:
     placement = place(stack(mode=Mode.DRA), [facts], [stack(mode=Mode.DRA)], [pod], ALL_APIS, C)
     assert placement.steps[0].state is NodeState.READY
     assert placement.dra_api_version == "v1"
+
+
+def test_pinned_releases_keep_their_daemonsets() -> None:
+    nodes = [
+        node("g1", labels={**MINE, DP_LABEL: "v0.17.0"}, gpu=8),
+        node("g2", labels={**MINE, DP_LABEL: "true"}, gpu=8),
+        node("g3", labels={STACK_LABEL: "other", DRA_LABEL: "v25.8.0"}),
+    ]
+    placement = place(stack(), nodes, [stack()], [], ALL_APIS, C)
+    assert placement.operands == frozenset({Mode.DEVICE_PLUGIN})
+    assert placement.pinned == frozenset({(Mode.DEVICE_PLUGIN, "v0.17.0")})
+
+
+def test_dra_refused_nodes_stay_with_the_upgrade_engine() -> None:
+    """A 1.31 node on the device plugin is refused for DRA but stays planned, so it keeps serving."""
+    facts = node("old-0", labels={**MINE, DP_LABEL: "true"}, kubelet="v1.31.4", gpu=8)
+    placement = place(stack(mode=Mode.DRA), [facts], [stack(mode=Mode.DRA)], [], ALL_APIS, C)
+    assert placement.steps[0].state is NodeState.REFUSED and placement.planned == frozenset({"old-0"})

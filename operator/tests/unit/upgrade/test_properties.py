@@ -46,6 +46,9 @@ DP, DRA = Mode.DEVICE_PLUGIN, Mode.DRA
 OLD = {DP: "v0.17.0", DRA: "v25.8.0"}
 NEW = {DP: "v0.18.0", DRA: "v25.12.0"}
 
+TICK_SECONDS = 30  # the simulated world's default tick
+WAIT_TIMEOUT = 120  # the waitForCompletion timeout the generator draws (besides 0)
+
 
 @st.composite
 def node_spec(draw: st.DrawFn, index: int, target: Mode) -> tuple[SimNode, set[str]]:
@@ -61,17 +64,21 @@ def node_spec(draw: st.DrawFn, index: int, target: Mode) -> tuple[SimNode, set[s
         for i in range(draw(st.integers(0, 3))):
             training = draw(st.booleans())
             blocked = draw(st.integers(0, 9)) == 0
+            finishes_in = draw(st.integers(1, 8)) if training else None
             node.pods.append(
                 SimPod(
                     PodRef("jobs", f"{name}-job{i}"),
                     start,
                     labels={"app": "train" if training else "web"},
-                    finishes_in=draw(st.integers(1, 8)) if training else None,
+                    finishes_in=finishes_in,
                     pdb_blocked=blocked,
                 )
             )
             if blocked and not training:
                 traits.add("blocked")
+            if blocked and finishes_in is not None and finishes_in * TICK_SECONDS > WAIT_TIMEOUT:
+                # A job no one may evict that outlives waitForCompletion's timeout fails the node, as it should.
+                traits.add("slow-blocked-job")
     if draw(st.integers(0, 9)) == 0:
         node.unschedulable = True
         traits.add("cordoned")
@@ -108,7 +115,7 @@ def scenario(
         max_parallel=draw(st.integers(0, 3)),
         wait_for_completion=WaitForCompletion(
             LabelSelector.parse("app=train") if draw(st.booleans()) else LabelSelector(),
-            timeout_seconds=draw(st.sampled_from([0, 120])),
+            timeout_seconds=draw(st.sampled_from([0, WAIT_TIMEOUT])),
         ),
         pod_deletion=PodDeletion(force=draw(st.booleans()), timeout_seconds=300),
         drain=Drain(enable=draw(st.integers(0, 4)) == 0, timeout_seconds=300),
@@ -171,6 +178,8 @@ def test_rollouts_keep_the_invariants_and_converge(
     final = plan(world.snapshot(), want, policy)
     states = {name: node.labels.get(NODE_STATE_LABEL) for name, node in world.nodes.items()}
     troubled = {name for name, t in traits.items() if t & {"broken", "blocked"}}
+    if policy.wait_for_completion.timeout_seconds:
+        troubled |= {name for name, t in traits.items() if "slow-blocked-job" in t}
     left_alone = {name for name, t in traits.items() if t & {"not-ready", "skip", "maintenance"}}
     halted = policy.max_failures > 0 and len(troubled) >= policy.max_failures
     # Nodes out of service for good (someone else's cordon, NotReady; with halt, failed nodes we keep

@@ -1,0 +1,237 @@
+"""Upgrade engine at scale: a 1000-node device plugin -> DRA migration on the local control plane.
+
+The operator (`gpuforge operator run`, a subprocess with the admin kubeconfig) first puts the device
+plugin on every simulated node; then the GpuStack switches to `mode: dra` with `maxUnavailable: 10%` and
+`maxParallel: 0` (batches of 100). The simulated plugins become Ready as soon as kwok runs their pods, so
+the wall time is mostly the operator's passes and the control plane's work. Reported:
+- wall time of the migration (mode switch to every node upgrade-done on DRA);
+- time the operator itself added per batch of 100 nodes: the summed wall time of its reconcile passes
+  during the migration (gpuforge_reconcile_duration_seconds, API round trips included) divided by the
+  number of batches, and the operator process's CPU time per batch; the rest of the wall time is waiting
+  for the cluster (pods, the simulated agent) and the interval between passes;
+- API requests per node migrated (gpuforge_api_requests_total during the migration / nodes);
+- the operator process's peak memory (VmHWM).
+Targets (issue 5): under 2 s per batch of 100 nodes, under 30 requests per node.
+
+Usage: python bench/bench_upgrade.py --out bench/results/upgrade.json [--nodes 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from gpuforge.devcluster.cluster import DevCluster
+from gpuforge.devcluster.pools import uniform_pools
+
+ROOT = Path(__file__).resolve().parents[1]
+GPUFORGE = Path(sys.executable).with_name("gpuforge")
+MAX_UNAVAILABLE_PERCENT = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _metric_sum(metrics_port: int, pattern: str) -> float:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{metrics_port}/metrics", timeout=10
+    ) as response:
+        text = response.read().decode()
+    return sum(float(m[1]) for m in re.finditer(pattern, text, re.MULTILINE))
+
+
+def _requests(port: int) -> float:
+    return _metric_sum(port, r"^gpuforge_api_requests_total\{.*\} (\S+)$")
+
+
+def _reconcile_seconds(port: int) -> float:
+    return _metric_sum(port, r"^gpuforge_reconcile_duration_seconds_sum\{.*\} (\S+)$")
+
+
+def _status(cluster: DevCluster) -> dict[str, Any]:
+    out = cluster.kubectl("get", "gpustack", "gpus", "-o", "json", check=False).stdout
+    return json.loads(out).get("status", {}) if out else {}
+
+
+def _wait(what: str, check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"timed out after {timeout:.0f}s waiting for {what}: {_last}"
+            )
+        time.sleep(0.5)
+
+
+_last: Any = None
+
+
+def _done(cluster: DevCluster, nodes: int, mode: str) -> bool:
+    global _last
+    status = _status(cluster)
+    upgrade = status.get("upgrade") or {}
+    _last = {
+        "phase": status.get("phase"),
+        "nodes": upgrade.get("nodes"),
+        "ready": status.get("nodesReady"),
+    }
+    return (
+        status.get("phase") == "Ready"
+        and status.get("nodesReady") == f"{nodes}/{nodes}"
+        and bool(upgrade.get("complete"))
+        and (mode != "dra" or status.get("operands", {}).get("devicePlugin") is None)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--nodes", type=int, default=1000)
+    args = parser.parse_args()
+    batches = math.ceil(100 / MAX_UNAVAILABLE_PERCENT)
+
+    with tempfile.TemporaryDirectory(prefix="gpuforge-bench-upgrade-") as tmp:
+        cluster = DevCluster("bench-upgrade", Path(tmp))
+        cluster.up("1.36", uniform_pools(args.nodes))
+        operator = None
+        try:
+            crd = ROOT / "operator/deploy/crds/gpustacks.gpuforge.io.yaml"
+            cluster.kubectl("apply", "--server-side", "-f", str(crd))
+            cluster.kubectl(
+                "wait",
+                "--for=condition=Established",
+                "crd/gpustacks.gpuforge.io",
+                "--timeout=60s",
+            )
+            port = _free_port()
+            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+            with (Path(tmp) / "operator.log").open("wb") as log:
+                operator = subprocess.Popen(
+                    [
+                        str(GPUFORGE),
+                        "operator",
+                        "run",
+                        f"--kubeconfig={cluster.kubeconfig}",
+                        "--bind=127.0.0.1",
+                        f"--metrics-port={port}",
+                        f"--liveness-port={_free_port()}",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            time.sleep(3)
+            stack = {
+                "apiVersion": "gpuforge.io/v1alpha1",
+                "kind": "GpuStack",
+                "metadata": {"name": "gpus"},
+                "spec": {
+                    "mode": "devicePlugin",
+                    "upgradePolicy": {
+                        "maxUnavailable": f"{MAX_UNAVAILABLE_PERCENT}%",
+                        "maxParallel": 0,
+                    },
+                },
+            }
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
+            _wait(
+                "the device plugin on every node",
+                lambda: _done(cluster, args.nodes, "devicePlugin"),
+                600,
+            )
+            time.sleep(2)
+            requests_before, seconds_before = _requests(port), _reconcile_seconds(port)
+            cpu_before = _cpu_seconds(operator.pid)
+            started = time.monotonic()
+            cluster.kubectl(
+                "patch",
+                "gpustack",
+                "gpus",
+                "--type=merge",
+                "-p",
+                '{"spec":{"mode":"dra"}}',
+            )
+            _wait("every node on DRA", lambda: _done(cluster, args.nodes, "dra"), 1800)
+            wall = time.monotonic() - started
+            requests = _requests(port) - requests_before
+            operator_seconds = _reconcile_seconds(port) - seconds_before
+            operator_cpu = _cpu_seconds(operator.pid) - cpu_before
+            peak = _peak_rss_mib(operator.pid)
+            violations = len(cluster.violations())
+        finally:
+            if operator is not None:
+                operator.terminate()
+                operator.wait(timeout=30)
+            cluster.down()
+
+    per_batch = operator_seconds / batches
+    per_node = requests / args.nodes
+    rows = [
+        {
+            "name": f"migration wall time, {args.nodes} nodes",
+            "value": round(wall, 1),
+            "unit": "s",
+        },
+        {
+            "name": f"operator time per batch of {args.nodes // batches}",
+            "value": round(per_batch, 2),
+            "unit": "s",
+            "target": 2,
+            "ok": per_batch < 2,
+        },
+        {
+            "name": f"operator CPU time per batch of {args.nodes // batches}",
+            "value": round(operator_cpu / batches, 2),
+            "unit": "s",
+        },
+        {
+            "name": "API requests per node migrated",
+            "value": round(per_node, 1),
+            "unit": "requests",
+            "target": 30,
+            "ok": per_node < 30,
+        },
+        {"name": "operator peak memory", "value": round(peak, 1), "unit": "MiB"},
+        {
+            "name": "moments a node advertised through both stacks",
+            "value": violations,
+            "unit": "moments",
+            "target": 0,
+            "ok": violations == 0,
+        },
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    for row in rows:
+        print(f"{row['name']}: {row['value']} {row['unit']}")
+
+
+if __name__ == "__main__":
+    main()

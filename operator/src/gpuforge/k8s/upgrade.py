@@ -1,0 +1,277 @@
+"""The upgrade engine's shell: read a snapshot for `gpuforge.upgrade.plan`, then apply the plan it returns.
+
+Thin on purpose: every decision is the pure planner's. Applying a transition is one merge patch of the
+Node (labels, annotations and cordon together, so a crash never leaves half a step), then its evictions
+(eviction API: PodDisruptionBudgets hold; a 429 just means "again next pass") and operand pod deletes,
+then one Event on the Node when its state changed. Every action is safe to repeat: the next pass plans
+again from what the cluster then shows. A failure on one node is logged and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpuforge import compat as compat_data
+from gpuforge.api.gpustack import GpuStack, Mode
+from gpuforge.constants import STACK_LABEL
+from gpuforge.k8s.client import ApiError, Kube, Obj
+from gpuforge.upgrade.convert import snapshot_from_objects
+from gpuforge.upgrade.model import (
+    FAILURE_ANNOTATION,
+    IN_FLIGHT_STATES,
+    DeletePods,
+    Desired,
+    DraDriverSupport,
+    EvictPods,
+    NodeState,
+    Plan,
+    Snapshot,
+    Transition,
+)
+
+log = logging.getLogger(__name__)
+
+EVENT_REASON_STEP = "UpgradeStep"
+EVENT_REASON_FAILED = "UpgradeFailed"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The raw objects one pass reads once and shares between placement, planning and status."""
+
+    nodes: list[Obj]
+    pods: list[Obj]
+    slices: list[Obj]
+    claims: list[Obj]
+    served: frozenset[str]
+
+
+def read_cluster(kube: Kube, dra_api: str | None, served: frozenset[str]) -> ClusterView:
+    return ClusterView(
+        nodes=kube.list_node_objects(),
+        pods=kube.list_pods(),
+        slices=kube.list_gpu_slices(dra_api),
+        claims=kube.list_resource_claims(dra_api),
+        served=served,
+    )
+
+
+def dra_support(compat: compat_data.Compat) -> tuple[DraDriverSupport, ...]:
+    """Which kubelet minors (1.x) each known DRA driver release can talk to, from compat.yaml."""
+    minors = sorted(compat.kubelets)
+    out = []
+    for release in compat.dra_releases:
+        serving = frozenset(
+            minor[1] for minor in minors if release.version in compat.dra_releases_serving([minor])
+        )
+        out.append(DraDriverSupport(release.version, serving))
+    return tuple(out)
+
+
+def desired_of(stack: GpuStack, selected: Iterable[str], compat: compat_data.Compat) -> Desired:
+    spec = stack.spec
+    return Desired(
+        mode=spec.mode,
+        versions={Mode.DEVICE_PLUGIN: spec.device_plugin.version, Mode.DRA: spec.dra.version},
+        selected=frozenset(selected),
+        dra_support=dra_support(compat),
+        stack=stack.name,
+    )
+
+
+def snapshot_of(view: ClusterView, stack: str, selected: Iterable[str], now: datetime) -> Snapshot:
+    """The planner's input: the selected nodes plus every node still labelled as the stack's."""
+    names = set(selected) | {
+        n["metadata"]["name"]
+        for n in view.nodes
+        if (n["metadata"].get("labels") or {}).get(STACK_LABEL) == stack
+    }
+    return snapshot_from_objects(
+        view.nodes,
+        view.pods,
+        view.slices,
+        now=now,
+        claims=view.claims,
+        served_resource_versions=view.served,
+        names=names,
+    )
+
+
+@dataclass(frozen=True)
+class StateChange:
+    node: str
+    from_state: str
+    to_state: str
+    seconds_in_previous: float | None  # how long the node stayed in the state it left, if known
+
+
+@dataclass(frozen=True)
+class Applied:
+    transitions: int
+    changes: tuple[StateChange, ...]
+    evicted: int
+    eviction_refused: int
+    deleted: int
+    errors: tuple[str, ...]
+
+
+# Nodes are independent: their transitions are applied side by side (each node's own steps in order).
+APPLY_WORKERS = 16
+
+
+@dataclass(frozen=True)
+class _NodeResult:
+    change: StateChange | None = None
+    evicted: int = 0
+    refused: int = 0
+    deleted: int = 0
+    error: str | None = None
+
+
+def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot) -> Applied:
+    """Carry out `plan.transitions`; per node: one patch, then its pod actions, then one event."""
+    since = {n.name: n.state_since for n in snapshot.nodes}
+
+    def one(transition: Transition) -> _NodeResult:
+        evicted = refused = deleted = 0
+        try:
+            patch = transition.node_patch()
+            if patch:
+                kube.patch_node(transition.node, patch)
+            for action in transition.pod_actions:
+                if isinstance(action, EvictPods):
+                    for ref in action.pods:
+                        if kube.evict_pod(ref.namespace, ref.name):
+                            evicted += 1
+                        else:
+                            refused += 1
+                elif isinstance(action, DeletePods):
+                    for ref in action.pods:
+                        kube.delete_pod(ref.namespace, ref.name)
+                        deleted += 1
+        except ApiError as err:
+            log.warning("upgrade step on node %s failed: %s", transition.node, err)
+            return _NodeResult(error=f"{transition.node}: {err}")
+        change = None
+        if transition.changes_state:
+            change = _change(transition, since.get(transition.node), snapshot.now)
+            _event(kube, transition)
+        return _NodeResult(change, evicted, refused, deleted)
+
+    if len(plan.transitions) <= 1:
+        results = [one(t) for t in plan.transitions]
+    else:
+        with ThreadPoolExecutor(max_workers=min(APPLY_WORKERS, len(plan.transitions))) as pool:
+            results = list(pool.map(one, plan.transitions))
+    return Applied(
+        transitions=len(plan.transitions),
+        changes=tuple(r.change for r in results if r.change is not None),
+        evicted=sum(r.evicted for r in results),
+        eviction_refused=sum(r.refused for r in results),
+        deleted=sum(r.deleted for r in results),
+        errors=tuple(r.error for r in results if r.error),
+    )
+
+
+def _change(transition: Transition, since: datetime | None, now: datetime) -> StateChange:
+    return StateChange(
+        transition.node,
+        transition.from_state.value if transition.from_state else "",
+        transition.to_state.value if transition.to_state else "",
+        (now - since).total_seconds() if since is not None else None,
+    )
+
+
+def _event(kube: Kube, transition: Transition) -> None:
+    before = transition.from_state.value if transition.from_state else "none"
+    after = transition.to_state.value if transition.to_state else "none"
+    message = f"{before} -> {after}: {transition.message}"
+    if transition.failure:
+        kube.emit_node_event(
+            transition.node, "Warning", EVENT_REASON_FAILED, f"{message} ({transition.failure})"
+        )
+    else:
+        kube.emit_node_event(transition.node, "Normal", EVENT_REASON_STEP, message)
+
+
+# --- what the plan means for the rest of the pass (no I/O) ------------------------------------------
+
+
+def labels_after(view_nodes: Sequence[Obj], plan: Plan) -> dict[str, dict[str, str]]:
+    """Every node's labels once the plan's patches are applied (to render the DaemonSets they need)."""
+    out = {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in view_nodes}
+    for transition in plan.transitions:
+        patch = transition.node_patch() or {}
+        changed: Mapping[str, str | None] = (patch.get("metadata") or {}).get("labels") or {}
+        labels = out.setdefault(transition.node, {})
+        for key, value in changed.items():
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+    return out
+
+
+def failures(plan: Plan, snapshot: Snapshot) -> dict[str, str]:
+    """Failed nodes of the current target and why (from this plan's transitions or the node annotation)."""
+    reasons = {t.node: t.failure for t in plan.transitions if t.failure}
+    by_name = {n.name: n for n in snapshot.nodes}
+    return {
+        name: reasons.get(name)
+        or (by_name[name].annotations.get(FAILURE_ANNOTATION, "") if name in by_name else "")
+        for name in plan.failed
+    }
+
+
+def upgrade_status(plan: Plan, failed: Mapping[str, str], limit: int = 20) -> dict[str, Any]:
+    """GpuStack `status.upgrade` as a merge patch: counts per state (absent states null), failing nodes,
+    holds and refusals with their nodes (the first `limit` names; `nodeCount` says how many)."""
+    counts = plan.counts()
+    return {
+        "target": plan.target,
+        "complete": plan.complete,
+        "nodes": {state.value: counts.get(state) or None for state in NodeState},
+        "failed": [{"node": name, "reason": reason} for name, reason in sorted(failed.items())[:limit]],
+        "holds": [
+            {
+                "reason": h.reason.value,
+                "nodes": list(h.nodes[:limit]),
+                "nodeCount": len(h.nodes),
+                "message": h.message,
+            }
+            for h in plan.holds
+        ],
+        "refusals": [
+            {
+                "reason": r.reason.value,
+                "nodes": list(r.nodes[:limit]),
+                "nodeCount": len(r.nodes),
+                "message": r.message,
+            }
+            for r in plan.refusals
+        ],
+    }
+
+
+def in_flight(plan: Plan) -> list[str]:
+    return sorted(name for name, state in plan.states.items() if state in IN_FLIGHT_STATES)
+
+
+__all__ = [
+    "Applied",
+    "ClusterView",
+    "StateChange",
+    "apply_plan",
+    "desired_of",
+    "failures",
+    "in_flight",
+    "labels_after",
+    "read_cluster",
+    "snapshot_of",
+    "upgrade_status",
+]
