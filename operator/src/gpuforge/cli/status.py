@@ -138,14 +138,27 @@ def _emit(data: Any, output: str) -> None:
 # --- reading the cluster -------------------------------------------------------------------------------
 
 
+class NotInstalled(click.ClickException):
+    """Nothing of gpuforge's in this cluster yet: exit code 3, like `dev cluster status` on no cluster."""
+
+    exit_code = 3
+
+
 def _read(kubeconfig: str | None, stack_name: str | None) -> tuple[Snapshot, Mapping[str, Any] | None]:
     """Snapshot of the nodes (of one GpuStack, or all GPU nodes) and the GpuStack object."""
-    from gpuforge.k8s.client import Kube
+    from gpuforge.k8s.client import ApiError, Kube
     from gpuforge.upgrade.convert import snapshot_from_objects
 
-    kube = Kube.from_kubeconfig(kubeconfig)
-    served = kube.served_versions()
-    stacks = list(kube.list_objects("/apis/gpuforge.io/v1alpha1/gpustacks"))
+    try:
+        kube = Kube.from_kubeconfig(kubeconfig)
+        served = kube.served_versions()
+        stacks = list(kube.list_objects("/apis/gpuforge.io/v1alpha1/gpustacks"))
+    except ApiError as error:
+        if error.status == 404:
+            raise NotInstalled(
+                "the GpuStack CRD is not installed in this cluster (kubectl apply -k operator/deploy)"
+            ) from None
+        raise click.ClickException(str(error)) from None
     stack = next((s for s in stacks if s.get("metadata", {}).get("name") == stack_name), None)
     if stack_name and stack is None:
         raise click.ClickException(f"GpuStack {stack_name} not found")
