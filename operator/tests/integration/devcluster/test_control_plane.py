@@ -268,7 +268,10 @@ def test_upgrade_133_to_134_keeps_objects_and_serves_v1(cluster_factory: Any) ->
         assert "gpu.nvidia.com" in device_class["spec"]["selectors"][0]["cel"]["expression"]
         assert client.CoreV1Api(api).read_namespace("kept").metadata.labels["a"] == "b"
         assert len(client.CoreV1Api(api).list_node().items) == 2
-    assert all(c.running and c.healthy for c in cluster.status())
+    eventually(
+        lambda: all(c.running and c.healthy for c in cluster.status()),
+        what="every component healthy after the upgrade",
+    )
     cluster.down()
 
 
