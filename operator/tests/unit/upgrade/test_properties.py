@@ -77,7 +77,7 @@ def node_spec(draw: st.DrawFn, index: int, target: Mode) -> tuple[SimNode, set[s
             if blocked and not training:
                 traits.add("blocked")
             if blocked and finishes_in is not None and finishes_in * TICK_SECONDS > WAIT_TIMEOUT:
-                # A job no one may evict that outlives waitForCompletion's timeout fails the node, as it should.
+                # A job no one may evict that outlives waitForCompletion's timeout fails the node.
                 traits.add("slow-blocked-job")
     if draw(st.integers(0, 9)) == 0:
         node.unschedulable = True
