@@ -37,14 +37,18 @@ def _bar(used: Decimal, hard: Decimal) -> Text:
 
 
 def _load(kubeconfig: Path | None) -> list[GpuQuota]:
-    from gpuforge.k8s.quota import QuotaApi
+    from gpuforge.k8s.quota import ApiError, QuotaApi
 
     async def fetch() -> list[dict[str, Any]]:
         async with QuotaApi.from_kubeconfig(kubeconfig) as api:
             return await api.list_quotas()
 
+    try:
+        raw_quotas = asyncio.run(fetch())
+    except ApiError as error:
+        raise click.ClickException(f"cannot list GpuQuotas: {error}") from None
     quotas = []
-    for raw in asyncio.run(fetch()):
+    for raw in raw_quotas:
         try:
             quotas.append(quota_from_object(raw))
         except QuotaSpecError as error:

@@ -28,6 +28,9 @@ from gpuforge.constants import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
 
+# A 429 is retried this many times (see QuotaApi._request).
+_RETRIES_ON_429 = 5
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
@@ -152,21 +155,31 @@ class QuotaApi:
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
-        """JSON result, or None on 404. Raises Conflict on 409 and ApiError on other failures."""
+        """JSON result, or None on 404. Raises Conflict on 409 and ApiError on other failures.
+
+        A 429 (API priority and fairness, or a resource whose storage is still initializing, e.g. right after
+        its CRD was created) is retried a few times after the server's Retry-After, as client-go does."""
         data = json.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None
-        async with self._http().request(
-            method, path.lstrip("/"), data=data, params=params, headers=headers
-        ) as response:
-            if response.status == 404:
-                return None
-            text = await response.text()
-            if response.status == 409:
-                raise Conflict(409, _message(text))
-            if response.status >= 400:
-                raise ApiError(response.status, _message(text))
-            result: dict[str, Any] = json.loads(text) if text else {}
-            return result
+        for attempt in range(_RETRIES_ON_429 + 1):
+            async with self._http().request(
+                method, path.lstrip("/"), data=data, params=params, headers=headers
+            ) as response:
+                if response.status == 404:
+                    return None
+                text = await response.text()
+                if response.status == 429 and attempt < _RETRIES_ON_429:
+                    retry_after = response.headers.get("Retry-After", "1")
+                    delay = float(retry_after) if retry_after.isdigit() else 1.0
+                    await asyncio.sleep(min(delay, 5.0))
+                    continue
+                if response.status == 409:
+                    raise Conflict(409, _message(text))
+                if response.status >= 400:
+                    raise ApiError(response.status, _message(text))
+                result: dict[str, Any] = json.loads(text) if text else {}
+                return result
+        raise AssertionError("unreachable")
 
     # --- GpuQuota ---------------------------------------------------------------------------------
 
