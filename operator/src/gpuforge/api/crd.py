@@ -331,30 +331,40 @@ def _upgrade_policy() -> Schema:
 
 def _quota() -> Schema:
     return _obj(
-        "The hierarchical GPU quota admission webhook (GpuQuota).",
+        "The hierarchical GPU quota admission webhook (GpuQuota). One GpuStack at most deploys it (the "
+        "oldest with enabled: true). Disabling it removes the webhook but keeps the GpuQuota CRD.",
         {
-            "enabled": _bool("Deploy and register the webhook.", False),
+            "enabled": _bool("Deploy the GpuQuota CRD and the webhook, and register the webhook.", False),
             "webhook": _obj(
-                "Where the API server reaches the webhook.",
+                "Where the API server reaches the webhook. Empty url: the operator runs it in the "
+                "stack's namespace behind a Service, with a CA and serving certificate it makes and rotates.",
                 {
                     "url": _str(
-                        "External https URL; empty: the in-cluster Service.",
+                        "https URL of a webhook served outside the cluster (e.g. `gpuforge webhook run`); "
+                        "only the CRD and webhook configurations are deployed then.",
                         default="",
                         pattern=r"^$|^https://",
                     ),
                     "caBundle": _str(
-                        "PEM CA bundle (base64) the API server trusts the webhook with.", default=""
+                        "Base64 of the PEM CA bundle the API server verifies the url's certificate with "
+                        "(as in a webhook configuration); empty: the API server's trust roots.",
+                        default="",
+                        pattern=r"^[A-Za-z0-9+/=\s]*$",
                     ),
                 },
                 default={},
             ),
             "failurePolicy": _str(
-                "What the API server does when the webhook is down.",
+                "What the API server does with a labelled workload when the webhook cannot be reached.",
                 default=m.FailurePolicy.FAIL.value,
                 choices=m.FailurePolicy,
             ),
-            "replicas": _int("Webhook replicas.", default=2, minimum=1),
-            "image": _str("Webhook image; empty: the operator's own.", default=""),
+            "replicas": _int(
+                "Webhook replicas (at least 2: a fail-closed webhook must survive a node drain).",
+                default=2,
+                minimum=2,
+            ),
+            "image": _str("Webhook image (with tag); empty: the operator's own release.", default=""),
         },
         default={},
     )
@@ -436,7 +446,11 @@ def status_schema() -> Schema:
             "observedGeneration": _int("Generation last reconciled.", minimum=None) | {"format": "int64"},
             "phase": _str("Summary for humans.", choices=m.Phase),
             "conditions": {
-                **_arr("Ready, Progressing, Degraded.", _condition(), list_type="map"),
+                **_arr(
+                    "Ready, Progressing, Degraded; QuotaWebhookReady when quota is enabled.",
+                    _condition(),
+                    list_type="map",
+                ),
                 "x-kubernetes-list-map-keys": ["type"],
             },
             "nodes": _obj("Selected nodes per state.", {k: _int(v) for k, v in counts.items()}),

@@ -21,7 +21,7 @@ from typing import Any
 from gpuforge import compat as compat_data
 from gpuforge.api import conditions as c
 from gpuforge.api.cluster import NodeFacts
-from gpuforge.api.convert import ModelError, from_dict
+from gpuforge.api.convert import ModelError, from_dict, to_dict
 from gpuforge.api.gpustack import Condition, GpuStack, GpuStackStatus, Mode, status_to_dict
 from gpuforge.constants import (
     COMPONENT_DRA_KUBELET_PLUGIN,
@@ -30,6 +30,7 @@ from gpuforge.constants import (
     STACK_LABEL,
 )
 from gpuforge.k8s.client import ApiError, Kube, Ref, node_facts, operand_pods, slices_per_node
+from gpuforge.k8s.quota_deploy import QuotaOutcome, reconcile_quota, remove_quota
 from gpuforge.k8s.upgrade import (
     Applied,
     ClusterView,
@@ -228,10 +229,13 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
         _last_applied.pop(stack.uid or name, None)
         log.warning("GpuStack %s: %s", stack.name, error)
 
+    quota = _quota_pass(kube, stack, body, stacks)
     status = compute_status(
         stack, placement, _previous_conditions(body), _now(), error, upgrade.progress if upgrade else ""
     )
     patch = status_to_dict(status)
+    if quota.condition is not None:
+        patch["conditions"].append(to_dict(quota.condition))
     if upgrade is not None and upgrade.status:
         patch["upgrade"] = upgrade.status
     kube.patch_stack_status(stack.name, patch)
@@ -242,6 +246,8 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
             kube.emit_event(stack, "Warning", refusal.reason.value, refusal.message)
     if error:
         kube.emit_event(stack, "Warning", c.RECONCILE_FAILED, error)
+    for kind, reason, message in quota.events:
+        kube.emit_event(stack, kind, reason, message)
     return Outcome(
         status,
         placement,
@@ -251,6 +257,13 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
         upgrade.plan if upgrade else None,
         upgrade.applied if upgrade else None,
     )
+
+
+def _quota_pass(
+    kube: Kube, stack: GpuStack, body: Mapping[str, Any], stacks: Sequence[GpuStack]
+) -> QuotaOutcome:
+    """The quota webhook (gpuforge.k8s.quota_deploy), after the operands so the namespace exists."""
+    return reconcile_quota(kube, stack, body, _previous_conditions(body), stacks)
 
 
 def _renderable(placement: Placement) -> bool:
@@ -287,6 +300,8 @@ def cleanup(kube: Kube, body: Mapping[str, Any]) -> Cleanup:
     """Remove everything the GpuStack made. The DRA kubelet plugin (and what it needs) goes last, only
     once no pod on its nodes holds a ResourceClaim; objects another GpuStack also renders stay for it."""
     stack = GpuStack.from_body(body)
+    # The quota webhook first: its configurations must not outlive the webhook they point at.
+    remove_quota(kube, stack, _previous_conditions(body))
     stacks = [s for s in kube.list_stacks() if s.name != stack.name]
     held = kube.list_nodes({}, label_selector=f"{STACK_LABEL}={stack.name}")
     held = _with_claims(kube, held, [n.name for n in held if DEPLOY_DRA_KUBELET_PLUGIN_LABEL in n.labels])

@@ -1,172 +1,28 @@
-"""The quota webhook's ValidatingWebhookConfigurations, as plain dicts. Pure, no I/O.
-
-The operator calls `render_webhook_configurations` when a GpuStack sets `quota.enabled` (with a Service
-client config), and `gpuforge webhook run --register` with a URL on loopback. Scope is kept narrow so a
-fail-closed webhook can only block what it governs: system namespaces are excluded, matchConditions pass
-only objects labelled gpuforge.io/quota that no workload controller owns, and the timeout is short.
-"""
+"""The webhook's view of its ValidatingWebhookConfigurations; they live in the pure core
+(`gpuforge.render.webhook_configurations`) so that the operator can render them too."""
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal
-
-from gpuforge.constants import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, QUOTA_LABEL
-
-WORKLOADS_PATH: Final = "/validate-workloads"
-SCALE_PATH: Final = "/validate-scale"
-QUOTAS_PATH: Final = "/validate-gpuquotas"
-DEFAULT_NAME: Final = "gpuforge-quota"
-DEFAULT_TIMEOUT_SECONDS: Final = 5
-SYSTEM_NAMESPACES: Final = ("kube-system", "kube-public", "kube-node-lease")
-
-FailurePolicy = Literal["Fail", "Ignore"]
-
-
-@dataclass(frozen=True)
-class ClientTarget:
-    """Where the API server reaches the webhook: a Service, or a URL (a webhook outside the cluster)."""
-
-    ca_bundle: bytes
-    url: str = ""  # e.g. https://127.0.0.1:8443; path is appended
-    service_name: str = ""
-    service_namespace: str = ""
-    service_port: int = 443
-
-    def client_config(self, path: str) -> dict[str, Any]:
-        config: dict[str, Any] = {"caBundle": base64.b64encode(self.ca_bundle).decode()}
-        if self.url:
-            config["url"] = self.url.rstrip("/") + path
-        elif self.service_name and self.service_namespace:
-            config["service"] = {
-                "name": self.service_name,
-                "namespace": self.service_namespace,
-                "path": path,
-                "port": self.service_port,
-            }
-        else:
-            raise ValueError("a webhook target needs a url or a service name and namespace")
-        return config
-
-
-# CEL: only labelled objects, and not those a workload controller made (charged to their owner).
-_LABELLED = f"has(object.metadata.labels) && '{QUOTA_LABEL}' in object.metadata.labels"
-_NOT_CONTROLLED = (
-    "!has(object.metadata.ownerReferences) || !object.metadata.ownerReferences.exists(o, "
-    "has(o.controller) && o.controller && "
-    "o.kind in ['Deployment', 'StatefulSet', 'ReplicaSet', 'Job', 'CronJob'])"
+from gpuforge.render.webhook_configurations import (
+    DEFAULT_NAME,
+    DEFAULT_TIMEOUT_SECONDS,
+    QUOTAS_PATH,
+    SCALE_PATH,
+    SYSTEM_NAMESPACES,
+    WORKLOADS_PATH,
+    ClientTarget,
+    FailurePolicy,
+    render_webhook_configurations,
 )
 
-
-def _namespace_selector(excluded: Sequence[str]) -> dict[str, Any]:
-    return {
-        "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(set(excluded))}
-        ]
-    }
-
-
-def _webhook(
-    name: str,
-    target: ClientTarget,
-    path: str,
-    rules: list[dict[str, Any]],
-    failure_policy: FailurePolicy,
-    timeout_seconds: int,
-    **extra: Any,
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "admissionReviewVersions": ["v1"],
-        "clientConfig": target.client_config(path),
-        "rules": rules,
-        "failurePolicy": failure_policy,
-        "matchPolicy": "Equivalent",
-        # Admission writes reservations into GpuQuota status, but never on dry-run.
-        "sideEffects": "NoneOnDryRun",
-        "timeoutSeconds": timeout_seconds,
-        **extra,
-    }
-
-
-def render_webhook_configurations(
-    target: ClientTarget,
-    *,
-    name: str = DEFAULT_NAME,
-    failure_policy: FailurePolicy = "Fail",
-    timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS,
-    excluded_namespaces: Sequence[str] = (),
-    labels: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
-    """Two ValidatingWebhookConfigurations: `<name>-workloads` (namespaced workloads and their scale
-    subresource) and `<name>-tree` (GpuQuota objects, cluster-scoped).
-
-    `excluded_namespaces` adds to the system namespaces; pass the webhook's own namespace so it can
-    never block itself. The scale webhook cannot see the workload's labels (a Scale object carries
-    none), so it receives every scale in non-system namespaces and allows unlabelled ones at once.
-    """
-    if not 1 <= timeout_seconds <= 30:
-        raise ValueError(f"timeoutSeconds must be 1..30, got {timeout_seconds}")
-    metadata_labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, **(labels or {})}
-    selector = _namespace_selector([*SYSTEM_NAMESPACES, *excluded_namespaces])
-    workloads = _webhook(
-        f"workloads.quota.{GROUP}",
-        target,
-        WORKLOADS_PATH,
-        [
-            _rule("apps", ["deployments", "statefulsets", "replicasets"], ["CREATE", "UPDATE"]),
-            _rule("batch", ["jobs", "cronjobs"], ["CREATE", "UPDATE"]),
-            _rule("", ["pods"], ["CREATE"]),  # a pod's resources are immutable after create
-        ],
-        failure_policy,
-        timeout_seconds,
-        namespaceSelector=selector,
-        matchConditions=[
-            {"name": "labelled-for-quota", "expression": _LABELLED},
-            {"name": "not-owned-by-a-workload", "expression": _NOT_CONTROLLED},
-        ],
-    )
-    scale = _webhook(
-        f"scale.quota.{GROUP}",
-        target,
-        SCALE_PATH,
-        [_rule("apps", ["deployments/scale", "statefulsets/scale", "replicasets/scale"], ["UPDATE"])],
-        failure_policy,
-        timeout_seconds,
-        namespaceSelector=selector,
-    )
-    tree = _webhook(
-        f"gpuquotas.quota.{GROUP}",
-        target,
-        QUOTAS_PATH,
-        [_rule(GROUP, ["gpuquotas"], ["CREATE", "UPDATE", "DELETE"], scope="Cluster")],
-        failure_policy,
-        timeout_seconds,
-    )
-    return [
-        _configuration(f"{name}-workloads", metadata_labels, [workloads, scale]),
-        _configuration(f"{name}-tree", metadata_labels, [tree]),
-    ]
-
-
-def _rule(
-    group: str, resources: list[str], operations: list[str], scope: str = "Namespaced"
-) -> dict[str, Any]:
-    return {
-        "apiGroups": [group],
-        "apiVersions": ["*"],
-        "resources": resources,
-        "operations": operations,
-        "scope": scope,
-    }
-
-
-def _configuration(name: str, labels: dict[str, str], webhooks: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": dict(labels)},
-        "webhooks": webhooks,
-    }
+__all__ = [
+    "DEFAULT_NAME",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "QUOTAS_PATH",
+    "SCALE_PATH",
+    "SYSTEM_NAMESPACES",
+    "WORKLOADS_PATH",
+    "ClientTarget",
+    "FailurePolicy",
+    "render_webhook_configurations",
+]
