@@ -1,0 +1,340 @@
+"""The operator deploys the GpuQuota webhook when a GpuStack sets `quota.enabled`, on the real local
+control plane, running as its own ServiceAccount with the shipped rbac.yaml and rbac-quota.yaml.
+
+Service mode: the local control plane's pods do not really run (kwok marks them Ready), so the webhook
+Deployment is checked as objects: CRD, Deployment, PDB, Service, Secrets, configurations whose caBundle
+verifies the serving certificate; an expiring certificate is replaced; disabling removes it all but the
+CRD. URL mode is end to end: `gpuforge webhook run` on loopback serves a certificate issued here, the
+operator registers it, and the API server asks it over TLS about GpuQuotas and a labelled Deployment.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge.devcluster.pools import Pool
+from gpuforge.render import quota_webhook as q
+from gpuforge.render.certs import (
+    KeyPair,
+    covers_hosts,
+    generate_ca,
+    issue_serving_cert,
+    needs_rotation,
+    signed_by,
+)
+
+from ..upgrade.helpers import (
+    DEPLOY,
+    Operator,
+    _free_port,
+    condition,
+    kube_json,
+    operator_factory,
+    stack_status,
+    wait_for,
+)
+
+__all__ = ["operator_factory"]  # a fixture, used by name
+
+pytestmark = pytest.mark.cluster
+
+GPU = "requests.nvidia.com/gpu"
+CONFIG_KINDS = "validatingwebhookconfigurations"
+# Set by the tests that exercise each path, so the permission check knows its inputs ran.
+EXERCISED: set[str] = set()
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory: Callable[..., Any]) -> Any:
+    # CPU nodes only: the GpuStack selects none (Ready, NoNodesSelected); the webhook replicas spread.
+    return cluster_factory(profile="1.36", pools=[Pool(name="cpu", count=3, gpu=None)], name="quota-deploy")
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, operator_factory: Callable[[Any], Operator]) -> Operator:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DEPLOY / "rbac-quota.yaml"))
+    return operator_factory(cluster)
+
+
+def gpustack(name: str, namespace: str, quota: dict[str, Any]) -> str:
+    body = {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuStack",
+        "metadata": {"name": name},
+        "spec": {"namespace": namespace, "quota": quota},
+    }
+    return yaml.safe_dump(body)
+
+
+def exists(cluster: Any, *args: str) -> bool:
+    return bool(cluster.kubectl("get", *args, check=False).returncode == 0)
+
+
+def quota_condition(cluster: Any, stack: str) -> dict[str, Any]:
+    return condition(stack_status(cluster, stack), q.CONDITION)
+
+
+def secret_pem(cluster: Any, namespace: str, name: str, key: str) -> bytes:
+    data = kube_json(cluster, "secret", "-n", namespace, name)["data"]
+    return base64.b64decode(data[key])
+
+
+def events(cluster: Any, reason: str) -> list[str]:
+    items = kube_json(cluster, "events", "-n", "default", "--field-selector", f"reason={reason}")["items"]
+    return [str(e["message"]) for e in items]
+
+
+def delete_stack(cluster: Any, name: str) -> None:
+    cluster.kubectl("delete", "gpustack", name, "--wait=false", "--ignore-not-found")
+    wait_for(f"GpuStack {name} to be gone", lambda: not exists(cluster, "gpustack", name), timeout=120)
+
+
+# --- service mode ------------------------------------------------------------------------------------
+
+
+def test_service_mode_deploys_rotates_and_removes(cluster: Any, operator: Operator) -> None:
+    ns = "gpuforge-quota-svc"
+    cluster.kubectl("apply", "-f", "-", input=gpustack("svc", ns, {"enabled": True}))
+    try:
+        wait_for("the GpuQuota CRD", lambda: exists(cluster, "crd", "gpuquotas.gpuforge.io"))
+        wait_for("the webhook Deployment", lambda: exists(cluster, "deploy", "-n", ns, q.NAME))
+        deployment = kube_json(cluster, "deploy", "-n", ns, q.NAME)
+        assert deployment["spec"]["replicas"] == 2
+        pod = deployment["spec"]["template"]["spec"]
+        anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert pod["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        pdb = kube_json(cluster, "pdb", "-n", ns, q.NAME)
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert kube_json(cluster, "service", "-n", ns, q.NAME)["spec"]["ports"][0]["port"] == 443
+
+        # Registered once a replica is available (kwok marks the pods Ready).
+        wait_for(
+            "QuotaWebhookReady=True",
+            lambda: quota_condition(cluster, "svc").get("status") == "True",
+            timeout=120,
+        )
+        configurations = {
+            c["metadata"]["name"]: c
+            for c in kube_json(cluster, CONFIG_KINDS)["items"]
+            if c["metadata"]["name"] in q.CONFIGURATIONS
+        }
+        assert set(configurations) == set(q.CONFIGURATIONS)
+        serving = secret_pem(cluster, ns, q.TLS_SECRET, "tls.crt")
+        ca = secret_pem(cluster, ns, q.CA_SECRET, q.CA_CERT_KEY)
+        assert covers_hosts(serving, [f"{q.NAME}.{ns}.svc"])
+        for configuration in configurations.values():
+            for hook in configuration["webhooks"]:
+                config = hook["clientConfig"]
+                assert config["service"]["name"] == q.NAME and config["service"]["namespace"] == ns
+                bundle = base64.b64decode(config["caBundle"])
+                assert bundle.startswith(ca) and signed_by(serving, bundle)
+        assert any(q.NAME in m for m in events(cluster, q.EVENT_CERT_ISSUED))
+
+        # A serving certificate past two thirds of its life (written by hand) is replaced.
+        ca_pair = KeyPair(ca, secret_pem(cluster, ns, q.CA_SECRET, q.CA_KEY_KEY))
+        now = datetime.now(UTC)
+        expiring = issue_serving_cert(
+            ca_pair, q.serving_hosts(ns), now - timedelta(hours=2), validity=timedelta(hours=3)
+        )
+        assert needs_rotation(expiring.cert_pem, now)
+        patch = {"data": {"tls.crt": base64.b64encode(expiring.cert_pem).decode()}}
+        patch["data"]["tls.key"] = base64.b64encode(expiring.key_pem).decode()
+        cluster.kubectl("patch", "secret", "-n", ns, q.TLS_SECRET, "--type=merge", "-p", json.dumps(patch))
+
+        def replaced() -> bool:
+            current = secret_pem(cluster, ns, q.TLS_SECRET, "tls.crt")
+            return current != expiring.cert_pem and not needs_rotation(current, datetime.now(UTC))
+
+        wait_for("the expiring certificate to be replaced", replaced, timeout=90)
+        rotated = secret_pem(cluster, ns, q.TLS_SECRET, "tls.crt")
+        assert signed_by(rotated, ca) and rotated != serving  # same CA, new certificate
+        wait_for("a rotation event", lambda: events(cluster, q.EVENT_CERT_ROTATED))
+        EXERCISED.add("service")
+
+        # Disabling removes the webhook, configurations included, and keeps the CRD.
+        cluster.kubectl(
+            "patch", "gpustack", "svc", "--type=merge", "-p", '{"spec":{"quota":{"enabled":false}}}'
+        )
+
+        def removed() -> bool:
+            names = {c["metadata"]["name"] for c in kube_json(cluster, CONFIG_KINDS)["items"]}
+            return not names & set(q.CONFIGURATIONS) and not any(
+                exists(cluster, kind, "-n", ns, name)
+                for kind, name in (
+                    ("deploy", q.NAME),
+                    ("pdb", q.NAME),
+                    ("service", q.NAME),
+                    ("secret", q.TLS_SECRET),
+                    ("secret", q.CA_SECRET),
+                    ("serviceaccount", q.NAME),
+                )
+            )
+
+        wait_for("the quota webhook to be removed", removed, timeout=90)
+        assert not exists(cluster, "clusterrolebinding", q.CLUSTER_ROLE)
+        assert not exists(cluster, "clusterrole", q.CLUSTER_ROLE)
+        assert exists(cluster, "crd", "gpuquotas.gpuforge.io"), "the CRD holds every user's GpuQuotas"
+        wait_for("the condition to go", lambda: not quota_condition(cluster, "svc"))
+        EXERCISED.add("disable")
+    finally:
+        delete_stack(cluster, "svc")
+
+
+def test_deleting_the_stack_removes_its_webhook(cluster: Any, operator: Operator) -> None:
+    ns = "gpuforge-quota-del"
+    cluster.kubectl("apply", "-f", "-", input=gpustack("del", ns, {"enabled": True}))
+    wait_for("QuotaWebhookReady=True", lambda: quota_condition(cluster, "del").get("status") == "True", 120)
+    delete_stack(cluster, "del")
+    names = {c["metadata"]["name"] for c in kube_json(cluster, CONFIG_KINDS)["items"]}
+    assert not names & set(q.CONFIGURATIONS)
+    assert not exists(cluster, "clusterrolebinding", q.CLUSTER_ROLE)
+    assert exists(cluster, "crd", "gpuquotas.gpuforge.io")
+
+
+# --- url mode, end to end --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def external_webhook(cluster: Any, tmp_path: Path) -> Iterator[tuple[str, bytes]]:
+    """`gpuforge webhook run` on loopback (not registering itself) with a certificate issued here."""
+    now = datetime.now(UTC)
+    ca = generate_ca(now)
+    pair = issue_serving_cert(ca, ["127.0.0.1"], now)
+    (tmp_path / "tls.crt").write_bytes(pair.cert_pem)
+    (tmp_path / "tls.key").write_bytes(pair.key_pem)
+    port = _free_port()
+    log = tmp_path / "webhook.log"
+    command = [
+        sys.executable, "-m", "gpuforge", "webhook", "run",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key"),
+        "--kubeconfig", str(cluster.kubeconfig), "--resync", "5",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            "the webhook to serve", lambda: process.poll() is None and b"serving on" in log.read_bytes(), 60
+        )
+        yield f"https://127.0.0.1:{port}", ca.cert_pem
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        sys.stderr.write(f"\n--- webhook log tail ---\n{log.read_text(errors='replace')[-3000:]}\n")
+
+
+def labelled_deployment(name: str, namespace: str, quota: str, replicas: int) -> str:
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"gpuforge.io/quota": quota}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.example/cuda:latest",
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": "1"},
+                                "requests": {"nvidia.com/gpu": "1"},
+                            },
+                        }
+                    ]
+                },
+            },
+        },
+    }
+    return json.dumps(body)
+
+
+def gpuquota(name: str, parent: str, gpus: int) -> str:
+    body = {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuQuota",
+        "metadata": {"name": name},
+        "spec": {"parent": parent, "hard": {GPU: str(gpus)}},
+    }
+    return json.dumps(body)
+
+
+def test_url_mode_end_to_end(cluster: Any, operator: Operator, external_webhook: tuple[str, bytes]) -> None:
+    url, ca_pem = external_webhook
+    quota = {"enabled": True, "webhook": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}}
+    cluster.kubectl("apply", "-f", "-", input=gpustack("url", "gpuforge-quota-url", quota))
+    workloads = "t-quota-url"
+    cluster.kubectl("create", "namespace", workloads)
+    try:
+        wait_for("QuotaWebhookReady=True", lambda: quota_condition(cluster, "url").get("status") == "True")
+        assert quota_condition(cluster, "url")["reason"] == q.EXTERNAL
+        hooks = [
+            hook
+            for c in kube_json(cluster, CONFIG_KINDS)["items"]
+            if c["metadata"]["name"] in q.CONFIGURATIONS
+            for hook in c["webhooks"]
+        ]
+        assert hooks and all(h["clientConfig"]["url"].startswith(url + "/validate-") for h in hooks)
+        assert not exists(cluster, "deploy", "-n", "gpuforge-quota-url", q.NAME)  # nothing runs in-cluster
+
+        # The tree webhook (over TLS, through the API server): a child cannot take more than its parent.
+        cluster.kubectl("apply", "-f", "-", input=gpuquota("url-org", "", 4))
+        refused = cluster.kubectl("apply", "-f", "-", input=gpuquota("url-big", "url-org", 5), check=False)
+        assert refused.returncode != 0 and "url-org" in refused.stderr, refused.stderr
+        cluster.kubectl("apply", "-f", "-", input=gpuquota("url-team", "url-org", 2))
+
+        # Workload admission: 3 GPUs over a quota of 2 are denied, naming the quota; 2 are admitted.
+        over = cluster.kubectl(
+            "apply", "-f", "-", input=labelled_deployment("over", workloads, "url-team", 3), check=False
+        )
+        assert over.returncode != 0, over.stdout
+        assert "url-team" in over.stderr and GPU in over.stderr, over.stderr
+        cluster.kubectl("apply", "-f", "-", input=labelled_deployment("within", workloads, "url-team", 2))
+        assert exists(cluster, "deploy", "-n", workloads, "within")
+        EXERCISED.add("url")
+    finally:
+        cluster.kubectl("delete", "namespace", workloads, "--wait=true", "--timeout=60s", check=False)
+        for name in ("url-team", "url-big", "url-org"):  # leaves first: the webhook refuses the rest
+            cluster.kubectl("delete", "gpuquota", name, "--ignore-not-found", "--timeout=60s", check=False)
+        delete_stack(cluster, "url")
+    names = {c["metadata"]["name"] for c in kube_json(cluster, CONFIG_KINDS)["items"]}
+    assert not names & set(q.CONFIGURATIONS), "deleting the stack unregisters the webhook"
+
+
+# --- RBAC: every permission in rbac-quota.yaml is used ------------------------------------------------
+
+
+def test_every_quota_permission_is_used(cluster: Any, operator: Operator) -> None:
+    if {"service", "disable", "url"} != EXERCISED:
+        pytest.skip("needs the tests above in the same run")
+    docs = list(yaml.safe_load_all((DEPLOY / "rbac-quota.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    shipped = {(v, r) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    delegated = {(v, r) for rule in q.WEBHOOK_RULES for r in rule["resources"] for v in rule["verbs"]}
+    used: set[tuple[str, str]] = set()
+    for line in operator.metrics().splitlines():
+        match = re.match(r"gpuforge_api_requests_total\{(.*)\} ([0-9.e+]+)$", line)
+        if match and float(match[2]) > 0:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match[1]))
+            used.add((labels["verb"], labels["resource"]))
+    used |= {("create", r) for verb, r in set(used) if verb == "patch"}  # apply creates, too
+    unused = shipped - used - delegated
+    assert not unused, f"rbac-quota.yaml permissions never used: {sorted(unused)}"
