@@ -103,8 +103,8 @@ def make_app(handlers: AdmissionHandlers) -> web.Application:
 class CertReloader:
     """An SSLContext whose certificate follows the files: new handshakes use the new certificate.
 
-    Secrets mounted in a pod are swapped by symlink; stat() follows it, so mtime and size changes of
-    either file trigger a reload. A half-written pair fails to load and is retried on the next poll.
+    Secrets mounted in a pod are swapped by symlink; stat() follows it, so a new inode, mtime or size of
+    either file triggers a reload. A half-written pair fails to load and is retried on the next poll.
     """
 
     cert_file: Path
@@ -117,9 +117,10 @@ class CertReloader:
         self.context.load_cert_chain(self.cert_file, self.key_file)
         self._seen = self._fingerprint()
 
-    def _fingerprint(self) -> tuple[float, int, float, int]:
+    def _fingerprint(self) -> tuple[int, ...]:
+        # The inode too: a Secret volume swap points the names at new files, whatever their times.
         cert, key = os.stat(self.cert_file), os.stat(self.key_file)
-        return (cert.st_mtime, cert.st_size, key.st_mtime, key.st_size)
+        return (cert.st_ino, cert.st_mtime_ns, cert.st_size, key.st_ino, key.st_mtime_ns, key.st_size)
 
     def reload_if_changed(self) -> bool:
         try:

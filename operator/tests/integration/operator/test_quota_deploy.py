@@ -295,6 +295,19 @@ def test_url_mode_end_to_end(cluster: Any, operator: Operator, external_webhook:
         assert hooks and all(h["clientConfig"]["url"].startswith(url + "/validate-") for h in hooks)
         assert not exists(cluster, "deploy", "-n", "gpuforge-quota-url", q.NAME)  # nothing runs in-cluster
 
+        # A second stack with quota enabled is told which stack holds the webhook, and changes nothing.
+        cluster.kubectl("apply", "-f", "-", input=gpustack("url2", "gpuforge-quota-url2", quota))
+        wait_for(
+            "url2 to report the holder", lambda: quota_condition(cluster, "url2").get("reason") == q.ELSEWHERE
+        )
+        held = quota_condition(cluster, "url2")
+        assert held["status"] == "False" and "GpuStack url " in held["message"]
+        for c in kube_json(cluster, CONFIG_KINDS)["items"]:
+            if c["metadata"]["name"] in q.CONFIGURATIONS:
+                assert c["metadata"]["labels"]["gpuforge.io/stack"] == "url"
+        delete_stack(cluster, "url2")
+        assert all(exists(cluster, CONFIG_KINDS, name) for name in q.CONFIGURATIONS)
+
         # The tree webhook (over TLS, through the API server): a child cannot take more than its parent.
         cluster.kubectl("apply", "-f", "-", input=gpuquota("url-org", "", 4))
         refused = cluster.kubectl("apply", "-f", "-", input=gpuquota("url-big", "url-org", 5), check=False)
@@ -314,6 +327,7 @@ def test_url_mode_end_to_end(cluster: Any, operator: Operator, external_webhook:
         cluster.kubectl("delete", "namespace", workloads, "--wait=true", "--timeout=60s", check=False)
         for name in ("url-team", "url-big", "url-org"):  # leaves first: the webhook refuses the rest
             cluster.kubectl("delete", "gpuquota", name, "--ignore-not-found", "--timeout=60s", check=False)
+        delete_stack(cluster, "url2")
         delete_stack(cluster, "url")
     names = {c["metadata"]["name"] for c in kube_json(cluster, CONFIG_KINDS)["items"]}
     assert not names & set(q.CONFIGURATIONS), "deleting the stack unregisters the webhook"
