@@ -192,14 +192,48 @@ def test_service_mode_deploys_rotates_and_removes(cluster: Any, operator: Operat
         delete_stack(cluster, "svc")
 
 
-def test_deleting_the_stack_removes_its_webhook(cluster: Any, operator: Operator) -> None:
+def test_switch_to_an_external_url_then_delete(cluster: Any, operator: Operator) -> None:
     ns = "gpuforge-quota-del"
     cluster.kubectl("apply", "-f", "-", input=gpustack("del", ns, {"enabled": True}))
-    wait_for("QuotaWebhookReady=True", lambda: quota_condition(cluster, "del").get("status") == "True", 120)
-    delete_stack(cluster, "del")
+    try:
+        wait_for(
+            "QuotaWebhookReady=True", lambda: quota_condition(cluster, "del").get("status") == "True", 120
+        )
+        # Pointing the configurations at an external webhook removes what ran in the cluster.
+        external = {"enabled": True, "webhook": {"url": "https://127.0.0.1:9"}}
+        cluster.kubectl("apply", "-f", "-", input=gpustack("del", ns, external))
+
+        def moved() -> bool:
+            hooks = [
+                hook
+                for c in kube_json(cluster, CONFIG_KINDS)["items"]
+                if c["metadata"]["name"] in q.CONFIGURATIONS
+                for hook in c["webhooks"]
+            ]
+            return bool(hooks) and all("url" in h["clientConfig"] for h in hooks)
+
+        wait_for("the configurations to point at the url", moved, timeout=90)
+        wait_for(
+            "the in-cluster webhook to be removed",
+            lambda: (
+                not any(
+                    exists(cluster, *args)
+                    for args in (
+                        ("deploy", "-n", ns, q.NAME),
+                        ("service", "-n", ns, q.NAME),
+                        ("secret", "-n", ns, q.CA_SECRET),
+                        ("clusterrolebinding", q.CLUSTER_ROLE),
+                        ("clusterrole", q.CLUSTER_ROLE),
+                    )
+                )
+            ),
+            timeout=90,
+        )
+        assert quota_condition(cluster, "del")["reason"] == q.EXTERNAL
+    finally:
+        delete_stack(cluster, "del")
     names = {c["metadata"]["name"] for c in kube_json(cluster, CONFIG_KINDS)["items"]}
-    assert not names & set(q.CONFIGURATIONS)
-    assert not exists(cluster, "clusterrolebinding", q.CLUSTER_ROLE)
+    assert not names & set(q.CONFIGURATIONS), "deleting the stack unregisters the webhook"
     assert exists(cluster, "crd", "gpuquotas.gpuforge.io")
 
 
