@@ -121,11 +121,11 @@ def _deployed_namespace(kube: Kube, stack: GpuStack) -> str | None:
     return str(namespace) if namespace else None
 
 
-def _prune(kube: Kube, stack: GpuStack, keep: set[q.QuotaRef], everything: bool) -> int:
+def _prune(kube: Kube, stack: GpuStack, keep: set[q.QuotaRef], everything: bool, deployed: str | None) -> int:
     """Remove this stack's quota objects not in `keep`, in `quota_refs` order (webhook configurations
-    first, the ClusterRoleBinding that records the namespace last). `everything`: removal of the whole
+    first, the ClusterRoleBinding that records the namespace last). `deployed`: the namespace the binding
+    named before this pass applied anything (`_deployed_namespace`). `everything`: removal of the whole
     webhook, which also looks in the spec's namespace in case the binding was never made."""
-    deployed = _deployed_namespace(kube, stack)
     found = {deployed} if deployed else set()
     namespaces = sorted(found | {stack.spec.namespace}) if everything else sorted(found)
     candidates: list[q.QuotaRef] = []
@@ -167,7 +167,8 @@ def reconcile_quota(
         if not enabled_here:
             outcome = QuotaOutcome(None)
             if had and not was_elsewhere:
-                outcome.pruned = _prune(kube, stack, set(), everything=True)
+                deployed = _deployed_namespace(kube, stack)
+                outcome.pruned = _prune(kube, stack, set(), everything=True, deployed=deployed)
                 _last_applied.pop(key, None)
                 if outcome.pruned:
                     outcome.events.append(("Normal", q.EVENT_REMOVED, "removed the quota webhook"))
@@ -248,10 +249,12 @@ def _deploy(
         was_registered = any(
             p.type == q.CONDITION and p.reason in (q.AVAILABLE, q.UNAVAILABLE, q.EXTERNAL) for p in previous
         )
+        deployed = _deployed_namespace(kube, stack)  # before the binding is applied: a moved namespace
         for obj in objects:
             _apply(kube, obj)
             applied += 1
-        pruned = _prune(kube, stack, {q.ref_of(o) for o in objects}, everything=False)
+        keep = {q.ref_of(o) for o in objects}
+        pruned = _prune(kube, stack, keep, everything=False, deployed=deployed)
         _last_applied[key] = (digest, time.monotonic())
         if facts.registered and not was_registered:
             events.append(("Normal", q.EVENT_REGISTERED, f"registered {', '.join(q.CONFIGURATIONS)}"))
@@ -269,4 +272,4 @@ def remove_quota(kube: Kube, stack: GpuStack, previous: Sequence[Condition]) -> 
     if not (stack.spec.quota.enabled or q.has_quota_condition(previous)):
         return 0
     _last_applied.pop(stack.uid or stack.name, None)
-    return _prune(kube, stack, set(), everything=True)
+    return _prune(kube, stack, set(), everything=True, deployed=_deployed_namespace(kube, stack))
