@@ -240,6 +240,8 @@ def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
             "runAsNonRoot": True,
             "runAsUser": 65532,
             "runAsGroup": 65532,
+            # The kubelet gives the Secret's files this group, so the 0440 key is readable by the webhook.
+            "fsGroup": 65532,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         # Preferred, not required: replicas spread over nodes (and zones) when there are enough, yet
@@ -282,7 +284,18 @@ def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
             "selector": {"matchLabels": _selector(stack)},
             # Never below the desired count during a rollout: a fail-closed webhook must keep serving.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": _labels(stack)}, "spec": pod_spec},
+            "template": {
+                "metadata": {
+                    "labels": _labels(stack),
+                    # /metrics is served on the webhook's HTTPS port.
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/scheme": "https",
+                    },
+                },
+                "spec": pod_spec,
+            },
         },
     }
 

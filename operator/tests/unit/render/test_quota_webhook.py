@@ -94,6 +94,7 @@ def test_service_mode_deployment_survives_a_node_drain() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert f"--cert={q.TLS_DIR}/tls.crt" in container["args"] and "--host=0.0.0.0" in container["args"]
     assert {"name": "tls", "secret": {"secretName": q.TLS_SECRET, "defaultMode": 0o440}} in pod["volumes"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]  # may read its key
     assert container["securityContext"]["readOnlyRootFilesystem"] and any(
         m["mountPath"] == "/tmp" for m in container["volumeMounts"]
     )  # the webhook writes a scratch directory
