@@ -11,10 +11,15 @@ operator registers it, and the API server asks it over TLS about GpuQuotas and a
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
+import socket
+import ssl
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +27,8 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from gpuforge.devcluster.pools import Pool
 from gpuforge.render import quota_webhook as q
@@ -95,6 +102,48 @@ def events(cluster: Any, reason: str) -> list[str]:
     return [str(e["message"]) for e in items]
 
 
+def reconciles(operator: Operator, stack: str) -> float:
+    total = 0.0
+    for line in operator.metrics().splitlines():
+        match = re.match(r"gpuforge_reconciles_total\{(.*)\} ([0-9.e+]+)$", line)
+        if match and dict(re.findall(r'(\w+)="([^"]*)"', match[1])) == {"stack": stack, "result": "ok"}:
+            total += float(match[2])
+    return total
+
+
+def handshake(cert_pem: bytes, key_pem: bytes, ca_bundle: bytes, server_name: str) -> bytes:
+    """A TLS handshake as the API server makes it (trusting only `ca_bundle`, checking `server_name`)
+    with a server presenting `cert_pem`; returns the certificate presented, as PEM."""
+    with tempfile.TemporaryDirectory() as scratch:
+        cert, key = Path(scratch) / "tls.crt", Path(scratch) / "tls.key"
+        cert.write_bytes(cert_pem)
+        key.write_bytes(key_pem)
+        server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with contextlib.suppress(ssl.SSLError, OSError), server_context.wrap_socket(conn, server_side=True):
+            pass
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    client = ssl.create_default_context(cadata=ca_bundle.decode())
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port)) as raw,
+            client.wrap_socket(raw, server_hostname=server_name) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+    finally:
+        thread.join(timeout=10)
+        listener.close()
+    assert der is not None
+    return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
+
+
 def delete_stack(cluster: Any, name: str) -> None:
     cluster.kubectl("delete", "gpustack", name, "--wait=false", "--ignore-not-found")
     wait_for(f"GpuStack {name} to be gone", lambda: not exists(cluster, "gpustack", name), timeout=120)
@@ -141,6 +190,9 @@ def test_service_mode_deploys_rotates_and_removes(cluster: Any, operator: Operat
                 bundle = base64.b64decode(config["caBundle"])
                 assert bundle.startswith(ca) and signed_by(serving, bundle)
         assert any(q.NAME in m for m in events(cluster, q.EVENT_CERT_ISSUED))
+        key = secret_pem(cluster, ns, q.TLS_SECRET, "tls.key")
+        served = handshake(serving, key, bundle, f"{q.NAME}.{ns}.svc")
+        assert served == serving, "the API server's view: the Service name verifies against caBundle"
 
         # A serving certificate past two thirds of its life (written by hand) is replaced.
         ca_pair = KeyPair(ca, secret_pem(cluster, ns, q.CA_SECRET, q.CA_KEY_KEY))
@@ -162,6 +214,17 @@ def test_service_mode_deploys_rotates_and_removes(cluster: Any, operator: Operat
         assert signed_by(rotated, ca) and rotated != serving  # same CA, new certificate
         wait_for("a rotation event", lambda: events(cluster, q.EVENT_CERT_ROTATED))
         EXERCISED.add("service")
+
+        # A killed operator resumes from the Secrets: same CA, same certificate, nothing reissued.
+        tls_before = secret_pem(cluster, ns, q.TLS_SECRET, "tls.crt")
+        operator.kill()
+        operator.start()
+        wait_for(
+            "two passes of the restarted operator", lambda: reconciles(operator, "svc") >= 2, timeout=120
+        )
+        assert secret_pem(cluster, ns, q.CA_SECRET, q.CA_CERT_KEY) == ca
+        assert secret_pem(cluster, ns, q.TLS_SECRET, "tls.crt") == tls_before
+        assert quota_condition(cluster, "svc")["status"] == "True"
 
         # Disabling removes the webhook, configurations included, and keeps the CRD.
         cluster.kubectl(
