@@ -167,8 +167,10 @@ def _labels(stack: GpuStack) -> dict[str, str]:
 
 
 def _selector(stack: GpuStack) -> dict[str, str]:
-    """The webhook's pods (a new dict each time: no object shares parts with another)."""
-    return {STACK_LABEL: stack.name, COMPONENT_LABEL: COMPONENT_QUOTA_WEBHOOK}
+    """The webhook's pods (a new dict each time: no object shares parts with another). Not the stack's
+    name: there is one webhook per cluster, and another stack taking it over in the same namespace then
+    changes labels only (a Deployment's selector is immutable)."""
+    return {COMPONENT_LABEL: COMPONENT_QUOTA_WEBHOOK}
 
 
 def _meta(stack: GpuStack, name: str, namespace: str | None = None) -> dict[str, Any]:
