@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from gpuforge.constants import NODE_STATE_LABEL
 
 # The operator-process plumbing and the kubectl readers live in tests/integration/operator_process.py;
 # re-exported so that `from .helpers import ...` keeps working.
@@ -36,8 +39,10 @@ __all__ = [
     "DEPLOY",
     "GPUFORGE",
     "OPERATOR_DIR",
+    "Moment",
     "NodeSample",
     "Operator",
+    "Recorder",
     "Sampler",
     "apply",
     "condition",
@@ -156,4 +161,79 @@ class Sampler:
 
     def assert_kept(self) -> None:
         assert self.samples > 10, f"too few samples ({self.samples})"
+        assert not self.broken, "\n".join(self.broken[:20])
+
+
+# --- what happens on each node, moment by moment ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One look at nodes and pods: node name -> Node object, and every non-terminal pod (API dicts)."""
+
+    at: float
+    nodes: dict[str, dict[str, Any]]
+    pods: list[dict[str, Any]]
+
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods if p["spec"].get("nodeName") == node]
+
+    def state(self, node: str) -> str:
+        return str(self.nodes[node]["metadata"].get("labels", {}).get(NODE_STATE_LABEL, ""))
+
+
+@dataclass
+class Recorder:
+    """Reads the nodes and pods of the cluster every `interval` seconds in a background thread and runs
+    `checks` on each moment; a check returns a problem in words, or None. Complements `Sampler` (which
+    checks the issue's invariants) with checks of one test's own ordering rules."""
+
+    cluster: Any
+    checks: list[Callable[[Moment], str | None]]
+    interval: float = 0.3
+    moments: int = 0
+    broken: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Recorder:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        from kubernetes import client
+
+        with self.cluster.api_client() as api_client:
+            core: Any = client.CoreV1Api(api_client)
+            while not self._stop.is_set():
+                try:
+                    nodes = {
+                        n["metadata"]["name"]: n
+                        for n in api_client.sanitize_for_serialization(core.list_node().items)
+                    }
+                    all_pods = core.list_pod_for_all_namespaces().items
+                    pods = [
+                        p
+                        for p in api_client.sanitize_for_serialization(all_pods)
+                        if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+                    ]
+                    moment = Moment(time.monotonic(), nodes, pods)
+                    self.moments += 1
+                    for check in self.checks:
+                        problem = check(moment)
+                        if problem:
+                            self.broken.append(f"{time.strftime('%H:%M:%S')}: {problem}")
+                except Exception as error:  # the control plane may be busy: look again
+                    self.errors.append(str(error))
+                self._stop.wait(self.interval)
+
+    def assert_kept(self) -> None:
+        assert self.moments > 10, f"too few moments recorded ({self.moments}; errors: {self.errors[:3]})"
         assert not self.broken, "\n".join(self.broken[:20])
