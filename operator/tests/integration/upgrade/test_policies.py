@@ -95,7 +95,7 @@ def plugin_pods(cluster: Any, pool: str) -> dict[str, tuple[str, str]]:
     return {
         p["spec"]["nodeName"]: (p["metadata"]["uid"], p["spec"]["containers"][0]["image"].rsplit(":", 1)[1])
         for p in pods
-        if not p["metadata"].get("deletionTimestamp")
+        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
     }
 
 
@@ -189,7 +189,8 @@ def test_drain_evicts_first_and_a_blocking_pdb_holds_the_node_until_the_timeout(
     cluster: Any, operator: Operator
 ) -> None:
     """drain-0 runs a pod whose PodDisruptionBudget allows no disruption, drain-1 two movable pods,
-    drain-2 a bare pod (evicted only with force); a DaemonSet runs everywhere and is never evicted."""
+    drain-2 a bare pod (evicted only with force); a DaemonSet runs everywhere and is never evicted.
+    While drain-0 is held, the day-2 Ansible upgrade marks it under maintenance for a while."""
     pool, ns, timeout = "drain", "drain-work", 20
     nodes = names(pool)
     policy = {
@@ -275,6 +276,21 @@ def test_drain_evicts_first_and_a_blocking_pdb_holds_the_node_until_the_timeout(
             view = sample_nodes(api_client)
         assert view["drain-0"].labels[NODE_STATE_LABEL] == "drain-required" and view["drain-0"].unschedulable
         assert plugin_pods(cluster, pool)["drain-0"] == plugins["drain-0"]  # not changed
+
+        # The day-2 Ansible upgrade takes the node mid-way: nothing is done to it (it does not even
+        # fail at its timeout) until the maintenance ends; its step timer keeps running.
+        cluster.kubectl("annotate", "node", "drain-0", f"{MAINTENANCE_ANNOTATION}=driver-upgrade")
+        wait_for(
+            "the maintenance hold",
+            lambda: hold_nodes(stack_status(cluster, pool), "Maintenance") == ["drain-0"],
+            timeout=30,
+        )
+        time.sleep(max(0.0, started + timeout + 3 - time.monotonic()))  # past the drain timeout
+        node = kube_json(cluster, "node", "drain-0")
+        assert node["metadata"]["labels"][NODE_STATE_LABEL] == "drain-required"
+        assert node["spec"].get("unschedulable") is True
+        assert plugin_pods(cluster, pool)["drain-0"] == plugins["drain-0"]
+        cluster.kubectl("annotate", "node", "drain-0", f"{MAINTENANCE_ANNOTATION}-")
 
         def settled() -> dict[str, Any]:
             status = stack_status(cluster, pool)
