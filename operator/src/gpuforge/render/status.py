@@ -7,7 +7,7 @@ churn the object.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from gpuforge.api import conditions as c
 from gpuforge.api.gpustack import (
@@ -64,13 +64,18 @@ def compute_status(
         previous, now, gen,
     )  # fmt: skip
 
-    moving = counts.pending + counts.switching + len(placement.releases) + (1 if upgrading else 0)
+    # A node the upgrade engine failed (halted on it, for a person to look at) waits for nothing that will
+    # come by itself: it is not progress, it is what Degraded says.
+    failed = {n for p in placement.problems if p.reason == c.UPGRADE_FAILED for n in p.nodes}
+    live = Counter(step.state for step in placement.steps if step.node not in failed)
+    pending, switching = live[NodeState.PENDING], live[NodeState.SWITCHING]
+    moving = pending + switching + len(placement.releases) + (1 if upgrading else 0)
     if upgrading:
         progress_reason, progress_message = c.UPGRADING, upgrading
-    elif counts.switching or placement.releases:
-        progress_reason, progress_message = c.MODE_SWITCH, _waiting(placement)
-    elif counts.pending:
-        progress_reason, progress_message = c.NODES_PENDING, _waiting(placement)
+    elif switching or placement.releases:
+        progress_reason, progress_message = c.MODE_SWITCH, _waiting(placement, failed)
+    elif pending:
+        progress_reason, progress_message = c.NODES_PENDING, _waiting(placement, failed)
     else:
         progress_reason, progress_message = c.RECONCILED, ""
     progressing = _condition(c.PROGRESSING, moving > 0, progress_reason, progress_message, previous, now, gen)
@@ -117,9 +122,9 @@ def compute_status(
     )
 
 
-def _waiting(placement: Placement, limit: int = 5) -> str:
+def _waiting(placement: Placement, failed: Collection[str] = (), limit: int = 5) -> str:
     waiting = [s for s in (*placement.steps, *placement.releases)
-               if s.state in (NodeState.PENDING, NodeState.SWITCHING)]  # fmt: skip
+               if s.state in (NodeState.PENDING, NodeState.SWITCHING) and s.node not in failed]  # fmt: skip
     shown = ", ".join(f"{s.node} ({s.detail})" if s.detail else s.node for s in waiting[:limit])
     more = f" and {len(waiting) - limit} more" if len(waiting) > limit else ""
     return f"waiting for {shown}{more}"

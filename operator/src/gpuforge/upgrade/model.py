@@ -507,6 +507,8 @@ class HoldReason(enum.StrEnum):
     MAINTENANCE = "Maintenance"  # the node is under maintenance (day-2 Ansible); we keep off it
     NOT_READY = "NodeNotReady"  # not started while the node is NotReady
     CLAIMS_HELD = "ClaimsHeld"  # the DRA plugin stays until no pod on the node holds a GPU claim
+    # A drain waits: the eviction API refused pods (a PodDisruptionBudget allows no disruption now).
+    EVICTION_BLOCKED = "EvictionBlocked"
     KUBELET_UPGRADE = "KubeletUpgradeBlocked"  # the running DRA driver cannot talk to the coming kubelet
     KUBELET_SKEW = "KubeletUnsupported"  # the running DRA driver cannot talk to the node's kubelet now
 

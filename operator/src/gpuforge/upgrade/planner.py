@@ -119,6 +119,7 @@ class _Step:
     chain: bool = (
         False  # the next state's step may run on the same snapshot (it does not depend on our actions)
     )
+    holds: list[tuple[HoldReason, str]] = field(default_factory=list)  # why the node waits, for the status
 
 
 class _Context:
@@ -331,6 +332,9 @@ def _may_evict(pod: WorkloadPod, mode_change: bool, policy: Policy) -> bool:
     return by_deletion or by_drain
 
 
+REFUSED = "eviction refused: a PodDisruptionBudget allows no disruption now"
+
+
 def _why_blocked(pod: WorkloadPod) -> str:
     if not pod.controlled:
         return f"{pod.ref} (no controller; needs force)"
@@ -458,18 +462,33 @@ class _NodePlanner:
             else self.policy.pod_deletion.timeout_seconds
         )
         blocked = [p for p in leaving if not p.deleting and not _may_evict(p, mode_change, self.policy)]
+        # Evictions are sent on entering this state and on every pass after. An evictable pod that is still
+        # there, not terminating, on a later pass was refused by the eviction API: a PodDisruptionBudget
+        # allows no disruption now (an accepted eviction sets deletionTimestamp at once).
+        tried = since is not None and self.ctx.now > since
+        refused = [p for p in leaving if tried and not p.deleting and p not in blocked]
         if self.ctx.timed_out(since, timeout):
-            stuck = [_why_blocked(p) if p in blocked else str(p.ref) for p in leaving]
+            stuck = [
+                _why_blocked(p) if p in blocked else f"{p.ref} ({REFUSED})" if p in refused else str(p.ref)
+                for p in leaving
+            ]
             return self.fail(
                 f"{len(leaving)} pod(s) still on the node after {timeout}s: {_names(stuck)}",
                 NodeState.DRAIN_REQUIRED,
             )
         evict = tuple(p.ref for p in leaving if not p.deleting and p not in blocked)
-        step = self._stay(
-            NodeState.DRAIN_REQUIRED,
-            since,
-            f"evicting {len(evict)} pod(s), {len(leaving) - len(evict)} more to finish or terminate",
-        )
+        message = f"evicting {len(evict)} pod(s), {len(leaving) - len(evict)} more to finish or terminate"
+        if refused:
+            message += f"; {REFUSED} for {_names(str(p.ref) for p in refused)}"
+        step = self._stay(NodeState.DRAIN_REQUIRED, since, message)
+        if refused:
+            step.holds.append(
+                (
+                    HoldReason.EVICTION_BLOCKED,
+                    f"{REFUSED}; evictions are retried until the timeout (drain.timeoutSeconds, or "
+                    "podDeletion.timeoutSeconds), then the node fails and, unchanged, is given back",
+                )
+            )
         if evict:
             step.pod_actions.append(EvictPods(evict))
         return step
@@ -693,6 +712,7 @@ def _merge(steps: list[_Step]) -> _Step:
             out.cordon = step.cordon
         out.pod_actions.extend(step.pod_actions)
         out.failure = step.failure or out.failure
+        out.holds.extend(step.holds)
         if step.message:
             messages.append(step.message)
     out.message = "; ".join(messages)
@@ -753,6 +773,8 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
         transition = _transition(ctx, node, step)
         if transition is not None:
             progress.append(transition)
+        for reason, message in step.holds:
+            hold(reason, node.name, message)
         if step.state is not None and node.name in desired.selected:
             states[node.name] = step.state
             failed_target = step.annotations.get(

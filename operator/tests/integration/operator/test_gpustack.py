@@ -9,16 +9,9 @@ shipped permission was never used.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +26,44 @@ from gpuforge.constants import (
 )
 from gpuforge.devcluster.pools import GpuSpec, Pool, Taint
 
-OPERATOR_DIR = Path(__file__).parents[3]
-DEPLOY = OPERATOR_DIR / "deploy"
+# The operator-process plumbing lives in tests/integration/operator_process.py; its names stay importable
+# from here (OperatorProcess, start_operator, service_account_kubeconfig, ...) for older imports.
+from ..operator_process import (
+    DEPLOY,
+    GPUFORGE,
+    OPERATOR_DIR,
+    Operator,
+    OperatorProcess,
+    condition,
+    free_port,
+    kube_json,
+    operator_factory,
+    running_operator,
+    service_account_kubeconfig,
+    stack_status,
+    start_operator,
+    stop_operator,
+    wait_for,
+)
+
+__all__ = [
+    "DEPLOY",
+    "GPUFORGE",
+    "OPERATOR_DIR",
+    "Operator",
+    "OperatorProcess",
+    "condition",
+    "free_port",
+    "kube_json",
+    "operator_factory",
+    "service_account_kubeconfig",
+    "stack_status",
+    "start_operator",
+    "stop_operator",
+    "wait_for",
+]
+
 EXAMPLES = OPERATOR_DIR.parent / "examples"
-GPUFORGE = Path(sys.executable).with_name("gpuforge")
 
 # Small, mixed cluster: 5 GPU nodes in three pools (one tainted, one on an older kubelet) and a CPU node.
 POOLS = (
@@ -58,130 +85,17 @@ POOLS = (
 GPU_NODES = {f"{p.name}-{i}" for p in POOLS if p.gpu is not None for i in range(p.count)}
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 90, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r:.500})")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class OperatorProcess:
-    process: subprocess.Popen[bytes]
-    log: Path
-    metrics_port: int
-    liveness_port: int
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
-            return str(response.read().decode())
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def service_account_kubeconfig(cluster: Any, path: Path) -> Path:
-    """Install the shipped CRD, namespace, ServiceAccount and RBAC; return a kubeconfig of that account."""
-    for name in ("crds/gpustacks.gpuforge.io.yaml", "namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
-        cluster.kubectl("apply", "--server-side", "-f", str(DEPLOY / name))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "--timeout=60s")
-    token = cluster.kubectl(
-        "create", "token", "gpuforge-operator", "-n", "gpuforge-system", "--duration=3h"
-    ).stdout.strip()
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    server = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [server],
-        "users": [{"name": "gpuforge-operator", "user": {"token": token}}],
-        "contexts": [
-            {"name": "operator", "context": {"cluster": server["name"], "user": "gpuforge-operator"}}
-        ],
-        "current-context": "operator",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def start_operator(kubeconfig: Path, log: Path) -> OperatorProcess:
-    metrics_port, liveness_port = _free_port(), _free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("KUBECONFIG", None)
-    command = [
-        str(GPUFORGE),
-        "operator",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        "--bind=127.0.0.1",
-        f"--metrics-port={metrics_port}",
-        f"--liveness-port={liveness_port}",
-    ]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    handle = OperatorProcess(process, log, metrics_port, liveness_port)
-
-    def alive() -> bool:
-        assert process.poll() is None, f"operator exited:\n{handle.log_tail()}"
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=2).close()
-        except OSError:
-            return False
-        return True
-
-    wait_for("the operator's liveness endpoint", alive, timeout=60)
-    return handle
-
-
-def stop_operator(handle: OperatorProcess) -> None:
-    handle.process.terminate()
-    try:
-        handle.process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        handle.process.kill()
-        handle.process.wait()
-
-
 @pytest.fixture(scope="module")
 def op_cluster(cluster_factory: Callable[..., Any]) -> Any:
     return cluster_factory(profile="1.36", pools=POOLS, name="operator")
 
 
 @pytest.fixture(scope="module")
-def operator(op_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    workdir = tmp_path_factory.mktemp("operator")
-    kubeconfig = service_account_kubeconfig(op_cluster, workdir / "operator.kubeconfig")
-    handle = start_operator(kubeconfig, workdir / "operator.log")
-    yield handle
-    stop_operator(handle)
-    sys.stderr.write(f"\n--- operator log tail ---\n{handle.log_tail(30)}\n")
+def operator(op_cluster: Any, operator_factory: Callable[[Any], Operator]) -> Operator:
+    return operator_factory(op_cluster)
 
 
 pytestmark = pytest.mark.cluster
-
-
-def kube_json(cluster: Any, *args: str) -> Any:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
-def stack_status(cluster: Any, name: str) -> dict[str, Any]:
-    result = cluster.kubectl("get", "gpustack", name, "-o", "json", check=False)
-    return json.loads(result.stdout).get("status", {}) if result.returncode == 0 else {}
-
-
-def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
 
 
 def apply(cluster: Any, document: str | Path) -> None:
@@ -210,7 +124,7 @@ def nodes_by_name(cluster: Any) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def stacks(op_cluster: Any, operator: OperatorProcess) -> Iterator[list[str]]:
+def stacks(op_cluster: Any, operator: Operator) -> Iterator[list[str]]:
     """Names of GpuStacks a test creates; all are deleted (and their cleanup awaited) afterwards."""
     names: list[str] = []
     yield names
@@ -466,7 +380,7 @@ def _delegated(cluster: Any) -> set[tuple[str, str]]:
     }
 
 
-def test_every_shipped_permission_is_used(op_cluster: Any, operator: OperatorProcess) -> None:
+def test_every_shipped_permission_is_used(op_cluster: Any, operator: Operator) -> None:
     """Exercise create, update, prune and delete of every kind, then compare the requests the operator
     made (its metrics) with the shipped ClusterRole."""
     cluster = op_cluster
@@ -581,8 +495,7 @@ def test_dra_on_older_control_planes(
         Pool(name="old", count=1, gpu=GpuSpec(), kubelet_version="v1.31.4"),
     )
     cluster = cluster_factory(profile=profile, pools=pools, name=f"operator-{profile.replace('.', '')}")
-    handle = start_operator(service_account_kubeconfig(cluster, tmp_path / "kubeconfig"), tmp_path / "op.log")
-    try:
+    with running_operator(cluster, tmp_path):
         apply(cluster, EXAMPLES / "gpustack-dra.yaml")
 
         def settled() -> dict[str, Any]:
@@ -605,5 +518,3 @@ def test_dra_on_older_control_planes(
             lambda: kube_json(cluster, "pod", "-n", ns, "trainer")["spec"].get("nodeName"),
         )
         assert node == "new-0"
-    finally:
-        stop_operator(handle)

@@ -209,7 +209,7 @@ def test_a_release_that_never_becomes_ready_is_stopped_and_rolled_back(
 ) -> None:
     def plugin_pods() -> dict[str, str]:
         pods = kube_json(cluster, "pods", "-A", "-l", f"{COMPONENT_LABEL}=dra-kubelet-plugin")["items"]
-        return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in pods}
+        return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in pods if p["spec"].get("nodeName")}
 
     if not stack_status(cluster, "gpus"):  # run on its own: start from every node on DRA
         apply(cluster, {**STACK, "spec": {**STACK["spec"], "mode": "dra"}})
@@ -259,5 +259,7 @@ def test_a_release_that_never_becomes_ready_is_stopped_and_rolled_back(
         assert after.get(name) == before[name], name
         assert view[name].slices == 1
     pods = kube_json(cluster, "pods", "-A", "-l", f"{COMPONENT_LABEL}=dra-kubelet-plugin")["items"]
-    images = {p["spec"]["nodeName"]: p["spec"]["containers"][0]["image"] for p in pods}
+    images = {
+        p["spec"]["nodeName"]: p["spec"]["containers"][0]["image"] for p in pods if p["spec"].get("nodeName")
+    }
     assert all(images[name].endswith(":v0.4.0") for name in failed)

@@ -45,6 +45,24 @@ def test_pending_nodes_are_progress() -> None:
     assert "n1 (waiting for the plugin)" in progressing.message
 
 
+def test_a_node_the_upgrade_failed_is_not_progress_but_degraded() -> None:
+    """Halted on a release whose plugin never becomes Ready: the node waits for a person, not for time."""
+    problem = Problem(c.UPGRADE_FAILED, "1 node(s) failed on devicePlugin@v0.20.0: n1", ("n1",))
+    status = compute_status(STACK, placement(NodeState.READY, NodeState.PENDING, problems=(problem,)), (), T0)
+    assert conditions(status) == {
+        c.READY: ("False", c.NODES_PENDING),
+        c.PROGRESSING: ("False", c.RECONCILED),
+        c.DEGRADED: ("True", c.UPGRADE_FAILED),
+    }
+    assert status.phase is Phase.DEGRADED and status.nodes_ready == "1/2"
+    # another node still waiting for its plugin is progress, and only it is named
+    status = compute_status(
+        STACK, placement(NodeState.PENDING, NodeState.PENDING, problems=(problem,)), (), T0
+    )
+    progressing = next(x for x in status.conditions if x.type == c.PROGRESSING)
+    assert progressing.status == "True" and "n0" in progressing.message and "n1" not in progressing.message
+
+
 def test_conflict_degrades_but_served_nodes_are_ready() -> None:
     problem = Problem(c.NODE_CONFLICT, "older GpuStack old also selects nodes n1", ("n1",))
     status = compute_status(

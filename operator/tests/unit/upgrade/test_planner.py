@@ -44,6 +44,7 @@ from gpuforge.upgrade.model import (
     Transition,
     Uncordon,
     WaitForCompletion,
+    WorkloadPod,
 )
 
 S = NodeState
@@ -307,6 +308,39 @@ def test_drain_timeout_before_any_change_fails_and_gives_the_node_back() -> None
     ann = annotations_of(t)
     assert ann[FAILED_TARGET_ANNOTATION] == f"dra@{VERSIONS[DRA]}"
     assert ann[INITIAL_UNSCHEDULABLE_ANNOTATION] is None
+
+
+@pytest.mark.parametrize(
+    ("since", "pod", "refused"),
+    [
+        (0, gpu_pod("guarded"), False),  # entered just now: its eviction was only just sent
+        (5, gpu_pod("guarded"), True),  # still there, not terminating, a pass later: refused (429)
+        (5, gpu_pod("guarded", deleting=True), False),  # accepted: terminating
+        (5, gpu_pod("bare", controlled=False), False),  # never sent (needs force): not a refusal
+    ],
+)
+def test_a_refused_eviction_holds_the_node_naming_the_disruption_budget(
+    since: int, pod: WorkloadPod, refused: bool
+) -> None:
+    n = in_flight(S.DRAIN_REQUIRED, since=since, pods=[pod])
+    result = step(n)
+    holds = {h.reason: h for h in result.holds}
+    assert (HoldReason.EVICTION_BLOCKED in holds) == refused
+    if refused:
+        assert holds[HoldReason.EVICTION_BLOCKED].nodes == ("n1",)
+        assert "PodDisruptionBudget" in holds[HoldReason.EVICTION_BLOCKED].message
+        t = only(result)
+        assert t.to_state is S.DRAIN_REQUIRED and not t.changes_state
+        assert EvictPods((pod.ref,)) in t.actions  # tried again on every pass
+        assert "jobs/guarded" in t.message
+
+
+def test_drain_timeout_names_the_pod_a_disruption_budget_kept() -> None:
+    n = in_flight(S.DRAIN_REQUIRED, since=301, pods=[gpu_pod("guarded"), gpu_pod("going", deleting=True)])
+    t = only(step(n))
+    assert t.to_state is S.UPGRADE_FAILED and t.failure is not None
+    assert "jobs/guarded (eviction refused: a PodDisruptionBudget" in t.failure
+    assert "jobs/going," in t.failure or t.failure.endswith("jobs/going")  # terminating: no reason given
 
 
 def test_no_pods_left_turns_the_old_stack_off() -> None:
