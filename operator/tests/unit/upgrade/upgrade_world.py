@@ -47,6 +47,7 @@ class SimOperand:
     ready: bool = False
     deleting: bool = False
     ready_in: int = 0  # ticks until Ready
+    terminating_for: int = 0  # ticks spent terminating
 
 
 @dataclass
@@ -57,6 +58,7 @@ class SimPod:
     finishes_in: int | None = None  # ticks until it completes by itself; None: runs until evicted
     pdb_blocked: bool = False
     deleting: bool = False
+    terminating_for: int = 0  # ticks spent terminating
 
 
 @dataclass
@@ -186,9 +188,12 @@ class World:
 
     def _tick_node(self, node: SimNode) -> None:
         rnd = self.random
-        # Terminating pods take a random while to go.
-        node.operands = [o for o in node.operands if not (o.deleting and rnd.random() < 0.5)]
-        node.pods = [p for p in node.pods if not (p.deleting and rnd.random() < 0.6)]
+        # Terminating pods take a random while to go, but at most MAX_TERMINATING_TICKS (their grace period):
+        # an unbounded random wait would outlast any step timeout now and then and fail a healthy node.
+        for item in [*node.operands, *node.pods]:
+            item.terminating_for += item.deleting
+        node.operands = [o for o in node.operands if not (o.deleting and _gone(rnd.random() < 0.5, o))]
+        node.pods = [p for p in node.pods if not (p.deleting and _gone(rnd.random() < 0.6, p))]
         for pod in node.pods:
             if pod.finishes_in is not None and not pod.deleting:
                 pod.finishes_in -= 1
@@ -236,6 +241,13 @@ class World:
 
     def _broken(self, node: SimNode, operand: SimOperand) -> bool:
         return operand.version in node.broken or operand.version in self.bad_versions
+
+
+MAX_TERMINATING_TICKS = 4
+
+
+def _gone(lucky: bool, item: SimOperand | SimPod) -> bool:
+    return lucky or item.terminating_for >= MAX_TERMINATING_TICKS
 
 
 def _other(mode: Mode) -> Mode:
