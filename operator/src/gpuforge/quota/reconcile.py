@@ -220,3 +220,15 @@ def status_differs(old: GpuQuotaStatus, new: GpuQuotaStatus) -> bool:
         )
 
     return key(old) != key(new)
+
+
+def settled_only(old: GpuQuotaStatus, new: GpuQuotaStatus) -> tuple[Reservation, ...] | None:
+    """The reservations a recompute dropped, when dropping them is all it changed (None otherwise).
+
+    A settled reservation's usage is counted from its object from then on, so `used` stays the same and
+    the write only shortens the list: the controller may put it off and batch it with later ones."""
+    if status_differs(old, replace(new, reservations=old.reservations)):
+        return None
+    if any(item not in old.reservations for item in new.reservations):
+        return None
+    return tuple(item for item in old.reservations if item not in new.reservations)

@@ -26,6 +26,7 @@ from gpuforge.api.gpuquota import (
     KIND,
     REASON_BUDGET_EXHAUSTED,
     GpuQuota,
+    GpuQuotaStatus,
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
@@ -38,6 +39,7 @@ from gpuforge.quota.reconcile import (
     children_of,
     pod_run_window,
     recompute_status,
+    settled_only,
     status_differs,
 )
 from gpuforge.quota.usage import (
@@ -102,6 +104,10 @@ class UsageController:
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL
     # Events within this window are handled by one recompute (a burst of creates is one pass).
     debounce_seconds: float = 1.0
+    # A write that would only drop settled reservations waits until this many have settled or the oldest
+    # has waited this long: otherwise every admitted create costs a second status write a second later.
+    settle_batch: int = 16
+    settle_seconds: float = 15.0
     # Shares the webhook's GpuQuota cache and per-quota locks: its writes never race this process's
     # admissions, and it decides from the newest copy this process knows.
     writer: QuotaWriter | None = None
@@ -110,6 +116,8 @@ class UsageController:
     _deleted: dict[str, tuple[int, float]] = field(default_factory=dict)
     # What each watched object last counted with: (generation, quota label).
     _seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Set when a pass put off dropping settled reservations: the next pass comes within settle_seconds.
+    _settles_deferred: bool = False
     _workloads: dict[str, Informer] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -161,8 +169,11 @@ class UsageController:
                 await informer.synced.wait()
             while True:
                 self._dirty.clear()
+                self._settles_deferred = False
                 has_budgets = await self._reconcile_logged()
                 wait = min(self.resync_seconds, self.accrual_seconds) if has_budgets else self.resync_seconds
+                if self._settles_deferred:
+                    wait = min(wait, self.settle_seconds)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._dirty.wait(), timeout=wait)
                 await asyncio.sleep(self.debounce_seconds)
@@ -339,7 +350,9 @@ class UsageController:
                     quota, children, usages, accrued, now, self.reservation_ttl, deleted
                 )
                 budgets = any(is_cash_key(key) for key in quota.hard)
-                if not budgets and not status_differs(quota.status, status):
+                if not budgets and (
+                    not status_differs(quota.status, status) or self._defer_settling(quota, status)
+                ):
                     metrics.RECONCILES.labels("unchanged").inc()
                     self._export(quota.name, quota.hard, status.used)
                     return
@@ -360,6 +373,17 @@ class UsageController:
                 await self._announce_budget(quota, status.conditions)
                 return
         log.warning("GpuQuota %s: status kept changing under the controller; next resync retries", quota.name)
+
+    def _defer_settling(self, quota: GpuQuota, status: GpuQuotaStatus) -> bool:
+        """Put off a write that would only drop a few recently settled reservations."""
+        dropped = settled_only(quota.status, status)
+        if not dropped or len(dropped) >= self.settle_batch:
+            return False
+        oldest = min(item.created for item in dropped)
+        if (self.clock() - oldest).total_seconds() >= self.settle_seconds:
+            return False
+        self._settles_deferred = True
+        return True
 
     def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:
         for key, amount in hard.items():
