@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -164,6 +164,13 @@ class QuotaWriter:
             self._parsed[quota_name] = (version, quota)
         return quota, denied
 
+    def _remember(self, quota_name: str, written: Mapping[str, Any], updated: GpuQuota) -> None:
+        """What we just wrote is what the next decision reads (unless the watch brings a newer copy):
+        keep it parsed, so a busy quota is not parsed again from JSON after every write."""
+        version = str((written.get("metadata") or {}).get("resourceVersion") or "")
+        if version:
+            self._parsed[quota_name] = (version, replace(updated, resource_version=version))
+
     async def _decide(self, quota_name: str, batch: list[_Pending]) -> None:
         started = time.monotonic()
         while True:
@@ -174,6 +181,7 @@ class QuotaWriter:
                         quota_name, quota.resource_version, status_to_object(updated.status)
                     )
                     self.cache.offer(written)
+                    self._remember(quota_name, written, updated)
             except Conflict:
                 metrics.STATUS_CONFLICTS.labels("webhook").inc()
                 self.cache.forget(quota_name)  # the next round reads afresh
