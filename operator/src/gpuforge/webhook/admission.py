@@ -152,6 +152,19 @@ class QuotaWriter:
                 return quota, updated, decisions
             raw = None
 
+    def parsed(self, raw: Mapping[str, Any]) -> GpuQuota:
+        """`raw` parsed, from the copy kept by resourceVersion when it is the same version; raises
+        QuotaSpecError for an invalid quota."""
+        metadata = raw.get("metadata") or {}
+        name, version = str(metadata.get("name") or ""), str(metadata.get("resourceVersion") or "")
+        known = self._parsed.get(name)
+        if version and known is not None and known[0] == version:
+            return known[1]
+        quota = quota_from_object(raw)
+        if version:
+            self._parsed[name] = (version, quota)
+        return quota
+
     def _parse(self, quota_name: str, raw: Mapping[str, Any] | None) -> tuple[GpuQuota | None, Denied | None]:
         version = str(((raw or {}).get("metadata") or {}).get("resourceVersion") or "")
         known = self._parsed.get(quota_name)
@@ -173,6 +186,7 @@ class QuotaWriter:
 
     async def _decide(self, quota_name: str, batch: list[_Pending]) -> None:
         started = time.monotonic()
+        metrics.BATCH_SIZE.observe(len(batch))
         while True:
             quota, updated, decisions = await self.decide(quota_name, [item.ask for item in batch])
             try:
