@@ -258,7 +258,7 @@ class Webhook:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"webhook did not start:\n{log.read_text()}")
                 time.sleep(0.1)
-        time.sleep(1.0)  # informers list and sync
+        time.sleep(3.0)  # informers list and sync; the controllers' first full pass
 
     def stop(self) -> None:
         for process in reversed(
@@ -270,6 +270,38 @@ class Webhook:
 
     def cpu_seconds(self) -> float:
         return sum(_cpu_seconds(process.pid) for process in self.processes)
+
+
+async def replica_metrics(url: str) -> dict[str, dict[str, float]]:
+    """Each replica's counters, by its process start time: the port spreads fresh connections over
+    the replicas, so a few scrapes reach all of them."""
+    seen: dict[str, dict[str, float]] = {}
+    for _ in range(16):
+        connector = aiohttp.TCPConnector(ssl=False, force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.get(f"{url}/metrics") as response,
+        ):
+            text = await response.text()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                values[key] = float(value)
+        seen[str(values.get("process_start_time_seconds"))] = values
+    return seen
+
+
+def metric_delta(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], name: str
+) -> float:
+    """Sum over replicas of the growth of every series whose name starts with `name`."""
+    total = 0.0
+    for replica, values in after.items():
+        for key, value in values.items():
+            if key.startswith(name):
+                total += value - before.get(replica, {}).get(key, 0.0)
+    return total
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -490,9 +522,11 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                 hard = 50
                 await create_quota(cluster, contended, hard)
                 ns = await namespace(cluster)
+                before = await replica_metrics(webhook.url)
                 latencies, admitted = await timed_creates(
                     cluster, ns, lambda i, name=contended: name, 2 * hard, concurrency
                 )
+                after = await replica_metrics(webhook.url)
                 _status, quota = await cluster.call(
                     "GET", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{contended}"
                 )
@@ -514,6 +548,28 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                         "deployments",
                         hard,
                         higher_is_better=True,
+                    )
+                )
+                batches = metric_delta(
+                    before, after, "gpuforge_quota_admission_batch_size_count"
+                )
+                batched = metric_delta(
+                    before, after, "gpuforge_quota_admission_batch_size_sum"
+                )
+                results.append(
+                    result(
+                        f"contended requests per status write (batching), c={concurrency}",
+                        batched / max(1.0, batches),
+                        "requests",
+                    )
+                )
+                results.append(
+                    result(
+                        f"contended status write conflicts (409), c={concurrency}",
+                        metric_delta(
+                            before, after, "gpuforge_quota_status_conflicts_total"
+                        ),
+                        "writes",
                     )
                 )
                 results.append(
