@@ -104,8 +104,9 @@ class UsageController:
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL
     # Events within this window are handled by one recompute (a burst of creates is one pass).
     debounce_seconds: float = 1.0
-    # A write that would only drop settled reservations waits until this many have settled or the oldest
-    # has waited this long: otherwise every admitted create costs a second status write a second later.
+    # A settled reservation stays listed this long, so that a replica whose watch lags still counts it
+    # (see recompute_status). Then a write that would only drop settled reservations waits until this
+    # many are due or the oldest has waited as long again: else every create costs a second write.
     settle_batch: int = 16
     settle_seconds: float = 15.0
     # Shares the webhook's GpuQuota cache and per-quota locks: its writes never race this process's
@@ -389,7 +390,14 @@ class UsageController:
                 accrued = accrue(runs, since, now, self.speedup) if runs else {}
                 deleted = {ref: generation for ref, (generation, _) in self._deleted.items()}
                 status = recompute_status(
-                    quota, children, usages, accrued, now, self.reservation_ttl, deleted
+                    quota,
+                    children,
+                    usages,
+                    accrued,
+                    now,
+                    self.reservation_ttl,
+                    deleted,
+                    keep_settled=timedelta(seconds=self.settle_seconds),
                 )
                 budgets = any(is_cash_key(key) for key in quota.hard)
                 if not budgets and (
@@ -422,7 +430,7 @@ class UsageController:
         if not dropped or len(dropped) >= self.settle_batch:
             return False
         oldest = min(item.created for item in dropped)
-        if (self.clock() - oldest).total_seconds() >= self.settle_seconds:
+        if (self.clock() - oldest).total_seconds() >= 2 * self.settle_seconds:
             return False
         self._settles_deferred = True
         return True

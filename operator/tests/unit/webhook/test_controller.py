@@ -109,7 +109,7 @@ async def test_settling_alone_waits_for_a_batch_or_for_time() -> None:
     controller = UsageController(api, lambda: NOW, settle_seconds=15, settle_batch=16)  # type: ignore[arg-type]
     await controller.reconcile_all()
     assert api.writes == []  # used is right already; dropping one settled reservation can wait
-    later = UsageController(api, lambda: NOW + timedelta(seconds=20))  # type: ignore[arg-type]
+    later = UsageController(api, lambda: NOW + timedelta(seconds=35))  # type: ignore[arg-type]
     await later.reconcile_all(only=set())  # due by age even though no event named the quota
     assert api.writes == ["a"]
     assert "reservations" not in api.quotas["a"]["status"]
