@@ -357,7 +357,7 @@ class UsageController:
         now = self.clock()
         # Besides the quotas events touched, a pass takes those holding a reservation old enough to
         # expire or whose put-off settling is due.
-        due_age = min(self.settle_seconds, self.reservation_ttl.total_seconds())
+        due_age = min(2 * self.settle_seconds, self.reservation_ttl.total_seconds())
         for quota in quotas:
             ages = ((now - item.created).total_seconds() for item in quota.status.reservations)
             if only is not None and quota.name not in only and not any(age >= due_age for age in ages):
