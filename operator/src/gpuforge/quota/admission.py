@@ -117,25 +117,26 @@ def spent_budgets(quota: GpuQuota) -> list[str]:
 
 
 def _without_rivals(
-    quota: GpuQuota, ask: WorkloadAsk, charged: dict[str, Decimal]
+    quota: GpuQuota, workload: str, generation: int, uid: str, charged: dict[str, Decimal]
 ) -> tuple[GpuQuota, dict[str, Decimal]]:
     """Only one request can produce generation G of an object, so reservations for the same object and
-    generation (an earlier attempt whose answer was lost, e.g. to a webhook restart, and is now retried)
-    are alternatives, not additions: they are replaced by one reservation holding the larger amount per
-    key. Without this, every retry would hold usage for 60 s that no object will ever have."""
-    if ask.generation <= 0:
-        return quota, charged
+    generation (an earlier attempt whose answer was lost, e.g. to a timeout or a webhook restart, and is
+    now retried; or the same request asked twice, same uid) are alternatives, not additions: they are
+    replaced by one reservation holding the larger amount per key. Without this, every retry would hold
+    usage that no object will ever have until the controller settles it."""
     rivals = [
         item
         for item in quota.status.reservations
-        if item.workload == ask.workload and item.generation == ask.generation
+        if item.workload == workload
+        and ((generation > 0 and item.generation == generation) or item.uid == uid)
     ]
     if not rivals:
         return quota, charged
     used, self_used, merged = dict(quota.status.used), dict(quota.status.self_used), dict(charged)
     for rival in rivals:
         add(used, rival.delta, -1)
-        add(self_used, rival.delta, -1)
+        if not rival.workload.startswith(f"{KIND}//"):  # a child's carve-out is not the parent's own use
+            add(self_used, rival.delta, -1)
         for key, amount in rival.delta.items():
             merged[key] = max(merged.get(key, ZERO), amount)
     kept = tuple(item for item in quota.status.reservations if item not in rivals)
@@ -164,7 +165,7 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
             )
     counted = [key for key in quota.hard if not is_cash_key(key)]
     charged = {key: amount for key, amount in restrict(ask.delta, counted).items() if amount > 0}
-    quota, charged = _without_rivals(quota, ask, charged)
+    quota, charged = _without_rivals(quota, ask.workload, ask.generation, ask.uid, charged)
     for key in sorted(charged):
         denied = _shortfall(quota, key, charged[key], what)
         if denied is not None:
@@ -220,6 +221,8 @@ def _missing_parent_keys(child: GpuQuota, parent: GpuQuota) -> Denied | None:
 
 def _carve(child: GpuQuota, parent: GpuQuota, grown: ResourceList, uid: str, now: datetime) -> Decision:
     carved = {key: amount for key, amount in restrict(grown, parent.hard).items() if amount > 0}
+    # A retried create (or raise) of the same child at the same generation holds its carve-out once.
+    parent, carved = _without_rivals(parent, quota_ref(child.name), child.generation, uid, carved)
     for key in sorted(carved):
         denied = _shortfall(parent, key, carved[key], f'child GpuQuota "{child.name}"')
         if denied is not None:
@@ -260,6 +263,8 @@ def admit_quota_create(child: GpuQuota, parent: GpuQuota | None, uid: str, now: 
         )
     if parent is None:
         return _no_such_parent(child)
+    if child.generation <= 0:  # the API server creates every object at generation 1
+        child = replace(child, generation=1)
     return _missing_parent_keys(child, parent) or _carve(child, parent, child.hard, uid, now)
 
 

@@ -128,22 +128,34 @@ def recompute_status(
     now: datetime,
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
     deleted: Mapping[str, int] | None = None,
+    keep_settled: timedelta = timedelta(0),
 ) -> GpuQuotaStatus:
     """A fresh status for `quota`: usage of `workloads` (those charged to it) and `children`'s hard,
     pending reservations, budgets carried forward plus `accrued`.
 
     `deleted` maps objects seen deleted (by ref) to their last generation: a reservation for an object
-    that was created and deleted before any recompute saw it is settled too."""
+    that was created and deleted before any recompute saw it is settled too.
+
+    A settled reservation stays listed (not counted) until it is `keep_settled` old. Every webhook
+    replica runs this recompute from its own watch caches: one that lags must still find the
+    reservation of an object it does not see yet, or it would count neither and lower `used` under
+    what was admitted."""
     counted = [key for key in quota.hard if not is_cash_key(key)]
     existing: dict[str, int] = dict(deleted or {})
     existing.update({item.ref: item.generation for item in workloads})
     for child in children:
         existing[f"{KIND}//{child.name}"] = child.generation
-    pending = tuple(
-        item
-        for item in quota.status.reservations
-        if now - item.created < reservation_ttl and not _settled(item, existing)
-    )
+    pending: list[Reservation] = []
+    kept: list[Reservation] = []
+    for reservation in quota.status.reservations:
+        age = now - reservation.created
+        if age >= reservation_ttl:
+            continue
+        if not _settled(reservation, existing):
+            pending.append(reservation)
+            kept.append(reservation)
+        elif age < keep_settled:
+            kept.append(reservation)
     self_used: dict[str, Decimal] = {key: ZERO for key in counted}
     for item in workloads:
         add(self_used, restrict(item.usage, counted))
@@ -163,7 +175,7 @@ def recompute_status(
         hard=dict(quota.hard),
         used=used,
         self_used=self_used,
-        reservations=pending,
+        reservations=tuple(kept),
         last_reconcile_time=now,
     )
     return with_conditions(replace(quota, status=status), now).status
@@ -220,3 +232,15 @@ def status_differs(old: GpuQuotaStatus, new: GpuQuotaStatus) -> bool:
         )
 
     return key(old) != key(new)
+
+
+def settled_only(old: GpuQuotaStatus, new: GpuQuotaStatus) -> tuple[Reservation, ...] | None:
+    """The reservations a recompute dropped, when dropping them is all it changed (None otherwise).
+
+    A settled reservation's usage is counted from its object from then on, so `used` stays the same and
+    the write only shortens the list: the controller may put it off and batch it with later ones."""
+    if status_differs(old, replace(new, reservations=old.reservations)):
+        return None
+    if any(item not in old.reservations for item in new.reservations):
+        return None
+    return tuple(item for item in old.reservations if item not in new.reservations)

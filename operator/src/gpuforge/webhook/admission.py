@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -152,6 +152,19 @@ class QuotaWriter:
                 return quota, updated, decisions
             raw = None
 
+    def parsed(self, raw: Mapping[str, Any]) -> GpuQuota:
+        """`raw` parsed, from the copy kept by resourceVersion when it is the same version; raises
+        QuotaSpecError for an invalid quota."""
+        metadata = raw.get("metadata") or {}
+        name, version = str(metadata.get("name") or ""), str(metadata.get("resourceVersion") or "")
+        known = self._parsed.get(name)
+        if version and known is not None and known[0] == version:
+            return known[1]
+        quota = quota_from_object(raw)
+        if version:
+            self._parsed[name] = (version, quota)
+        return quota
+
     def _parse(self, quota_name: str, raw: Mapping[str, Any] | None) -> tuple[GpuQuota | None, Denied | None]:
         version = str(((raw or {}).get("metadata") or {}).get("resourceVersion") or "")
         known = self._parsed.get(quota_name)
@@ -164,8 +177,16 @@ class QuotaWriter:
             self._parsed[quota_name] = (version, quota)
         return quota, denied
 
+    def _remember(self, quota_name: str, written: Mapping[str, Any], updated: GpuQuota) -> None:
+        """What we just wrote is what the next decision reads (unless the watch brings a newer copy):
+        keep it parsed, so a busy quota is not parsed again from JSON after every write."""
+        version = str((written.get("metadata") or {}).get("resourceVersion") or "")
+        if version:
+            self._parsed[quota_name] = (version, replace(updated, resource_version=version))
+
     async def _decide(self, quota_name: str, batch: list[_Pending]) -> None:
         started = time.monotonic()
+        metrics.BATCH_SIZE.observe(len(batch))
         while True:
             quota, updated, decisions = await self.decide(quota_name, [item.ask for item in batch])
             try:
@@ -174,6 +195,7 @@ class QuotaWriter:
                         quota_name, quota.resource_version, status_to_object(updated.status)
                     )
                     self.cache.offer(written)
+                    self._remember(quota_name, written, updated)
             except Conflict:
                 metrics.STATUS_CONFLICTS.labels("webhook").inc()
                 self.cache.forget(quota_name)  # the next round reads afresh

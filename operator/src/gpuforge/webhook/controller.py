@@ -26,6 +26,7 @@ from gpuforge.api.gpuquota import (
     KIND,
     REASON_BUDGET_EXHAUSTED,
     GpuQuota,
+    GpuQuotaStatus,
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
@@ -38,6 +39,7 @@ from gpuforge.quota.reconcile import (
     children_of,
     pod_run_window,
     recompute_status,
+    settled_only,
     status_differs,
 )
 from gpuforge.quota.usage import (
@@ -102,6 +104,11 @@ class UsageController:
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL
     # Events within this window are handled by one recompute (a burst of creates is one pass).
     debounce_seconds: float = 1.0
+    # A settled reservation stays listed this long, so that a replica whose watch lags still counts it
+    # (see recompute_status). Then a write that would only drop settled reservations waits until this
+    # many are due or the oldest has waited as long again: else every create costs a second write.
+    settle_batch: int = 16
+    settle_seconds: float = 15.0
     # Shares the webhook's GpuQuota cache and per-quota locks: its writes never race this process's
     # admissions, and it decides from the newest copy this process knows.
     writer: QuotaWriter | None = None
@@ -110,7 +117,14 @@ class UsageController:
     _deleted: dict[str, tuple[int, float]] = field(default_factory=dict)
     # What each watched object last counted with: (generation, quota label).
     _seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Set when a pass put off dropping settled reservations: the next pass comes within settle_seconds.
+    _settles_deferred: bool = False
     _workloads: dict[str, Informer] = field(default_factory=dict)
+    # Quotas an event may have changed since the last pass: a pass after events recomputes only these
+    # (and quotas holding reservations); a pass after a quiet period (resync, accrual) recomputes all.
+    _dirty_quotas: set[str] = field(default_factory=set)
+    # Usage of each workload by its resourceVersion: most events leave most workloads unchanged.
+    _usages: dict[tuple[str, str, str], tuple[str, WorkloadUsage]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.writer is None:
@@ -128,16 +142,24 @@ class UsageController:
         def changed(event_type: str, obj: Obj) -> None:
             _, namespace, name = _key(obj, kind)
             ref = workload_ref(kind, namespace, name)
+            label = str(labels_of(obj).get(QUOTA_LABEL) or "")
+            previous = self._seen.get(ref)
+            if kind == KIND:  # a quota's own hard, and its parent's carve-out of it
+                touched = {name, str((obj.get("spec") or {}).get("parent") or "")}
+            else:  # the quota it is charged to, and the one it was charged to before
+                touched = {label, previous[1] if previous is not None else ""}
             if event_type == "DELETED":
                 self._seen.pop(ref, None)
                 self._deleted[ref] = (generation_of(obj), asyncio.get_running_loop().time())
+                self._dirty_quotas.update(touched - {""})
                 self.poke()
                 return
             # Status-only updates (a Deployment's ready count, our own status writes) change nothing
             # quotas count; only spec (generation) and the quota label do.
-            state = (generation_of(obj), str(labels_of(obj).get(QUOTA_LABEL) or ""))
-            if self._seen.get(ref) != state:
+            state = (generation_of(obj), label)
+            if previous != state:
                 self._seen[ref] = state
+                self._dirty_quotas.update(touched - {""})
                 self.poke()
 
         return changed
@@ -159,24 +181,37 @@ class UsageController:
         try:
             for informer in (*self._workloads.values(), self.quotas):
                 await informer.synced.wait()
+            loop = asyncio.get_running_loop()
+            full, last_full = True, loop.time()
             while True:
                 self._dirty.clear()
-                has_budgets = await self._reconcile_logged()
-                wait = min(self.resync_seconds, self.accrual_seconds) if has_budgets else self.resync_seconds
+                self._settles_deferred = False
+                has_budgets = await self._reconcile_logged(full)
+                period = self.resync_seconds
+                if has_budgets:  # budgets accrue on a tick, events or not
+                    period = min(period, self.accrual_seconds)
+                wait = max(0.0, last_full + period - loop.time())
+                if self._settles_deferred:
+                    wait = min(wait, self.settle_seconds)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._dirty.wait(), timeout=wait)
                 await asyncio.sleep(self.debounce_seconds)
+                full = loop.time() - last_full >= period
+                if full:
+                    last_full = loop.time()
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _reconcile_logged(self) -> bool:
+    async def _reconcile_logged(self, full: bool = True) -> bool:
+        dirty, self._dirty_quotas = self._dirty_quotas, set()
         try:
-            return await self.reconcile_all()
+            return await self.reconcile_all(None if full else dirty)
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
             metrics.RECONCILES.labels("error").inc()
             log.warning("usage reconcile failed, retrying soon: %s", error)
+            self._dirty_quotas |= dirty
             await asyncio.sleep(1.0)
             self.poke()
             return True
@@ -280,15 +315,17 @@ class UsageController:
             runs.setdefault(quota, []).append(PodRun(per_pod, started, finished))
         return runs
 
-    async def reconcile_all(self) -> bool:
-        """Recompute every quota once. Returns whether any quota has a budget (accrual needs ticks)."""
+    async def reconcile_all(self, only: set[str] | None = None) -> bool:
+        """Recompute every quota once, or (`only`) those named and those holding reservations due to
+        expire or settle. Returns whether any quota has a budget (accrual needs ticks)."""
+        assert self.writer is not None
         raw_quotas = (
             list(self.quotas.store.values()) if self.quotas.synced.is_set() else await self.api.list_quotas()
         )
         quotas: list[GpuQuota] = []
         for raw in raw_quotas:
             try:
-                quotas.append(quota_from_object(raw))
+                quotas.append(self.writer.parsed(raw))
             except QuotaSpecError as error:
                 log.warning(
                     "skipping invalid GpuQuota %s: %s", (raw.get("metadata") or {}).get("name"), error
@@ -296,18 +333,35 @@ class UsageController:
         has_budgets = any(is_cash_key(key) for quota in quotas for key in quota.hard)
         snap = await self.snapshot(need_pods=has_budgets)
         usages: dict[str, list[WorkloadUsage]] = {}
-        for (_, namespace, _), obj in snap.workloads.items():
-            try:
-                usage = workload_usage(obj, snap.catalogs.get(namespace), strict_claims=False)
-            except WorkloadError as error:
-                log.warning("cannot count %s/%s: %s", obj.get("kind"), _key(obj)[2], error)
-                continue
+        usage_cache: dict[tuple[str, str, str], tuple[str, WorkloadUsage]] = {}
+        for key, obj in snap.workloads.items():
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            known = self._usages.get(key)
+            if version and known is not None and known[0] == version:
+                usage = known[1]
+            else:
+                try:
+                    usage = workload_usage(obj, snap.catalogs.get(key[1]), strict_claims=False)
+                except WorkloadError as error:
+                    log.warning("cannot count %s/%s: %s", obj.get("kind"), key[2], error)
+                    continue
+            refs = referenced_claims(obj)
+            if version and not refs.templates and not refs.claims:  # claims can change underneath
+                usage_cache[key] = (version, usage)
             usages.setdefault(usage.quota, []).append(usage)
+        self._usages = usage_cache
         runs = self._runs(snap) if has_budgets else {}
         horizon = asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds()
         self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[1] > horizon}
         children = children_of(quotas)
+        now = self.clock()
+        # Besides the quotas events touched, a pass takes those holding a reservation old enough to
+        # expire or whose put-off settling is due.
+        due_age = min(2 * self.settle_seconds, self.reservation_ttl.total_seconds())
         for quota in quotas:
+            ages = ((now - item.created).total_seconds() for item in quota.status.reservations)
+            if only is not None and quota.name not in only and not any(age >= due_age for age in ages):
+                continue
             await self._write(
                 quota,
                 children.get(quota.name, []),
@@ -329,17 +383,26 @@ class UsageController:
             # we know (it may hold reservations written after the snapshot was taken).
             cached = self.quotas.get(quota.name)
             if cached is not None:
-                quota = quota_from_object(cached)
+                quota = self.writer.parsed(cached)
             for _ in range(5):
                 now = self.clock()
                 since = quota.status.last_reconcile_time or now
                 accrued = accrue(runs, since, now, self.speedup) if runs else {}
                 deleted = {ref: generation for ref, (generation, _) in self._deleted.items()}
                 status = recompute_status(
-                    quota, children, usages, accrued, now, self.reservation_ttl, deleted
+                    quota,
+                    children,
+                    usages,
+                    accrued,
+                    now,
+                    self.reservation_ttl,
+                    deleted,
+                    keep_settled=timedelta(seconds=self.settle_seconds),
                 )
                 budgets = any(is_cash_key(key) for key in quota.hard)
-                if not budgets and not status_differs(quota.status, status):
+                if not budgets and (
+                    not status_differs(quota.status, status) or self._defer_settling(quota, status)
+                ):
                     metrics.RECONCILES.labels("unchanged").inc()
                     self._export(quota.name, quota.hard, status.used)
                     return
@@ -360,6 +423,17 @@ class UsageController:
                 await self._announce_budget(quota, status.conditions)
                 return
         log.warning("GpuQuota %s: status kept changing under the controller; next resync retries", quota.name)
+
+    def _defer_settling(self, quota: GpuQuota, status: GpuQuotaStatus) -> bool:
+        """Put off a write that would only drop a few recently settled reservations."""
+        dropped = settled_only(quota.status, status)
+        if not dropped or len(dropped) >= self.settle_batch:
+            return False
+        oldest = min(item.created for item in dropped)
+        if (self.clock() - oldest).total_seconds() >= 2 * self.settle_seconds:
+            return False
+        self._settles_deferred = True
+        return True
 
     def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:
         for key, amount in hard.items():

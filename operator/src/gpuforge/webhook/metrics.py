@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 REGISTRY: Final = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)  # process_cpu_seconds_total, process_start_time_seconds, memory
 
 ADMISSIONS: Final = Counter(
     "gpuforge_quota_admissions_total",
@@ -24,6 +25,12 @@ ADMISSION_LATENCY: Final = Histogram(
 BAD_REVIEWS: Final = Counter(
     "gpuforge_quota_bad_requests_total",
     "Malformed or oversized AdmissionReviews answered with HTTP 400.",
+    registry=REGISTRY,
+)
+BATCH_SIZE: Final = Histogram(
+    "gpuforge_quota_admission_batch_size",
+    "Admission requests for one quota decided together and reserved with one status write.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
     registry=REGISTRY,
 )
 STATUS_CONFLICTS: Final = Counter(

@@ -48,6 +48,7 @@ class WebhookOptions:
     speedup: float = 1.0
     cert_check_seconds: float = 5.0
     crd_file: Path | None = None
+    reuse_port: bool = False  # several replicas on one host share the port (benchmark)
 
 
 @dataclass
@@ -109,7 +110,9 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
             if options.crd_file is not None:
                 await apply_crd(api, options.crd_file)
             cache_task = asyncio.create_task(quota_cache.run())
-            async with serving(make_app(handlers), options.host, options.port, reloader) as port:
+            async with serving(
+                make_app(handlers), options.host, options.port, reloader, options.reuse_port
+            ) as port:
                 url = f"https://{options.host}:{port}"
                 if options.register:
                     target = ClientTarget(ca_bundle=ca_bundle, url=url)

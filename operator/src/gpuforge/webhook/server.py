@@ -146,11 +146,18 @@ class CertReloader:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: web.Application, host: str, port: int, reloader: CertReloader) -> AsyncIterator[int]:
-    """Serve `app` over TLS until the block exits; yields the bound port (0 picks a free one)."""
+async def serving(
+    app: web.Application, host: str, port: int, reloader: CertReloader, reuse_port: bool = False
+) -> AsyncIterator[int]:
+    """Serve `app` over TLS until the block exits; yields the bound port (0 picks a free one).
+
+    `reuse_port` lets several replicas on one host share a port, the kernel spreading connections over
+    them as a Service does over pods (the benchmark runs two replicas that way)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=reloader.context, backlog=512)
+    site = web.TCPSite(
+        runner, host, port, ssl_context=reloader.context, backlog=512, reuse_port=reuse_port or None
+    )
     await site.start()
     watcher = asyncio.create_task(reloader.watch())
     try:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from gpuforge.api.gpuquota import GpuQuota, GpuQuotaStatus
 from gpuforge.quota.admission import (
     Allowed,
+    Decision,
     Denied,
     WorkloadAsk,
     admit_many,
@@ -17,6 +18,7 @@ from gpuforge.quota.admission import (
     admit_quota_update,
     admit_workload,
 )
+from gpuforge.quota.convert import quota_from_object, quota_to_object
 from gpuforge.quota.quantity import parse_quantity
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -253,3 +255,53 @@ def test_admissions_never_exceed_hard_at_any_level(
                 assert used == node.status.self_used.get(key, D(0)) + sum(
                     (c.hard.get(key, D(0)) for c in children), D(0)
                 )
+
+
+def _through_status_json(parent: GpuQuota, decision: Decision) -> GpuQuota:
+    """The parent as the next admission reads it back: status written as JSON, then parsed."""
+    assert isinstance(decision, Allowed) and decision.status is not None
+    raw = quota_to_object(replace(parent, status=decision.status))
+    return quota_from_object(raw)
+
+
+def test_a_retried_child_create_carves_its_share_once() -> None:
+    """The client (or the API server) retries a child create whose answer it lost: the first attempt's
+    carve-out is still pending in the parent's status; the retry replaces it instead of adding to it."""
+    child = quota("team", {GPU: 6, "requests.cpu": 8}, parent="org")
+    first = admit_quota_create(child, ROOT, "attempt-1", NOW)
+    parent = _through_status_json(ROOT, first)
+    assert parent.status.used == {GPU: 16, "requests.cpu": 12}
+    retry = admit_quota_create(child, parent, "attempt-2", NOW)
+    assert isinstance(retry, Allowed) and retry.status is not None
+    assert retry.status.used == {GPU: 16, "requests.cpu": 12}
+    assert [r.uid for r in retry.status.reservations] == ["attempt-2"]
+    assert retry.status.reservations[0].generation == 1
+    # The same request asked again (same uid): held once as well.
+    again = admit_quota_create(child, _through_status_json(parent, retry), "attempt-2", NOW)
+    assert isinstance(again, Allowed) and again.status is not None
+    assert again.status.used == {GPU: 16, "requests.cpu": 12}
+
+
+def test_a_different_child_or_a_later_raise_still_carves() -> None:
+    child = quota("team", {GPU: 3, "requests.cpu": 2}, parent="org")
+    parent = _through_status_json(ROOT, admit_quota_create(child, ROOT, "a", NOW))
+    sibling = admit_quota_create(quota("other", {GPU: 4, "requests.cpu": 2}, parent="org"), parent, "b", NOW)
+    assert isinstance(sibling, Denied)  # 10 + 3 + 4 > 16: the first child's carve-out still counts
+    raised = admit_quota_update(
+        replace(child, generation=1),
+        replace(child, hard={GPU: q(6), "requests.cpu": q(2)}, generation=2),
+        parent,
+        "c",
+        NOW,
+    )
+    assert isinstance(raised, Allowed) and raised.status is not None
+    assert raised.status.used[GPU] == 16  # 10 + 3 (pending create) + 3 (the raise)
+
+
+def test_a_retried_raise_of_a_child_carves_once() -> None:
+    old = replace(quota("team", {GPU: 2, "requests.cpu": 2}, parent="org"), generation=1)
+    new = replace(old, hard={GPU: q(5), "requests.cpu": q(2)}, generation=2)
+    first = admit_quota_update(old, new, ROOT, "a", NOW)
+    retry = admit_quota_update(old, new, _through_status_json(ROOT, first), "b", NOW)
+    assert isinstance(retry, Allowed) and retry.status is not None
+    assert retry.status.used[GPU] == 13

@@ -1,3 +1,4 @@
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -10,6 +11,7 @@ from gpuforge.quota.reconcile import (
     accrue,
     pod_run_window,
     recompute_status,
+    settled_only,
 )
 from gpuforge.quota.usage import WorkloadUsage
 
@@ -108,3 +110,22 @@ def test_convert_round_trip_and_errors() -> None:
         quota_from_object({"spec": {"hard": {"requests.cpu": "much"}}})
     with pytest.raises(QuotaSpecError, match="must not be negative"):
         quota_from_object({"spec": {"hard": {GPU: "-1"}}})
+
+
+def test_settling_alone_is_told_apart_from_a_change_of_usage() -> None:
+    """The controller may put off a write that only drops settled reservations (used stays the same),
+    never one that releases usage (an expired reservation) or changes what is counted."""
+    seen, racing = reservation("Deployment/ns/seen", 2, 1), reservation("Deployment/ns/racing", 1, 1)
+    status = GpuQuotaStatus(
+        hard={GPU: D(16)}, used={GPU: D(3)}, self_used={GPU: D(3)}, reservations=(seen, racing)
+    )
+    quota = GpuQuota("org", "", {GPU: D(16)}, status)
+    quota = replace(quota, status=recompute_status(quota, [], [], {}, T0))  # neither object seen yet
+    assert quota.status.used == {GPU: D(3)}
+    workloads = [WorkloadUsage("Deployment", "ns", "seen", "org", 2, {GPU: D(2)})]
+    settled = recompute_status(quota, [], workloads, {}, T0)
+    assert settled_only(quota.status, settled) == (seen,)
+    expired = recompute_status(quota, [], workloads, {}, T0 + timedelta(minutes=5))
+    assert settled_only(quota.status, expired) is None  # racing's GPU is released: write now
+    grown = [WorkloadUsage("Deployment", "ns", "seen", "org", 3, {GPU: D(3)})]
+    assert settled_only(quota.status, recompute_status(quota, [], grown, {}, T0)) is None

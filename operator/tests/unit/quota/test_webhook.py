@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuforge.k8s.quota import Credentials, QuotaApi
+from gpuforge.quota.admission import Allowed
+from gpuforge.quota.convert import quota_from_object
 from gpuforge.webhook.admission import AdmissionHandlers
 from gpuforge.webhook.certs import (
     generate_ca,
@@ -251,3 +253,66 @@ def test_service_target_and_bad_timeout() -> None:
     assert workloads["webhooks"][0]["clientConfig"]["service"]["path"] == "/validate-workloads"
     with pytest.raises(ValueError, match="timeoutSeconds"):
         render_webhook_configurations(target, timeout_seconds=60)
+
+
+class EchoQuotaApi:
+    """GpuQuotas kept as JSON, as the API server keeps them: every status write is serialised, stored
+    and answered with a new resourceVersion."""
+
+    def __init__(self, hard: dict[str, str]) -> None:
+        self.version = 1
+        self.stored: dict[str, Any] = {
+            "apiVersion": "gpuforge.io/v1alpha1",
+            "kind": "GpuQuota",
+            "metadata": {"name": "q", "resourceVersion": "1", "generation": 1, "uid": "u"},
+            "spec": {"parent": "", "hard": hard},
+        }
+        self.writes = 0
+
+    async def get_quota(self, name: str) -> dict[str, Any] | None:
+        return json.loads(json.dumps(self.stored)) if name == "q" else None
+
+    async def replace_quota_status(self, name: str, version: str, status: dict[str, Any]) -> dict[str, Any]:
+        assert version == self.stored["metadata"]["resourceVersion"]
+        self.version += 1
+        self.writes += 1
+        self.stored = json.loads(
+            json.dumps(
+                {
+                    **self.stored,
+                    "metadata": {**self.stored["metadata"], "resourceVersion": str(self.version)},
+                    "status": status,
+                }
+            )
+        )
+        return json.loads(json.dumps(self.stored))
+
+
+async def test_the_copy_kept_after_a_write_is_the_one_the_server_has() -> None:
+    """Decisions after a write start from the quota as written (not parsed again from JSON): that copy
+    must be exactly what parsing the server's answer gives, or decisions would drift from the server."""
+    api = EchoQuotaApi({"requests.nvidia.com/gpu": "4", "requests.cpu": "10"})
+    handlers = AdmissionHandlers(api)  # type: ignore[arg-type]
+    workload = {
+        "metadata": {"name": "w", "generation": 1, "labels": {"gpuforge.io/quota": "q"}},
+        "spec": {
+            "replicas": 1,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1500m"}}}
+                    ]
+                }
+            },
+        },
+    }
+    allowed = 0
+    for index in range(6):
+        obj = {**workload, "metadata": {**workload["metadata"], "name": f"w{index}"}}
+        request = parse_review(json.dumps(review(uid=f"u{index}", name=f"w{index}", object=obj)).encode())
+        decision = await handlers.workloads(request)
+        allowed += isinstance(decision, Allowed)
+        version, kept = handlers.writer._parsed["q"]
+        assert version == api.stored["metadata"]["resourceVersion"]
+        assert kept == quota_from_object(api.stored)
+    assert allowed == 4 and api.writes == 4

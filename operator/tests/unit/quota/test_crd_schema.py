@@ -1,0 +1,122 @@
+"""The GpuQuota CRD keeps every status field the webhook and controller write.
+
+The API server silently prunes fields a structural schema does not declare. A pruned
+`reservations[].generation` read back as 0 ("settled as soon as the object exists"), so the controller
+released a scale-up's reservation before the new replica count was visible and a racing scale was
+admitted over the quota. This test prunes what we write the way the API server does and compares.
+"""
+
+import functools
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge.api.gpuquota import Condition, GpuQuota, GpuQuotaStatus, Reservation
+from gpuforge.quota.admission import Allowed, WorkloadAsk, admit_workload
+from gpuforge.quota.convert import quota_from_object, quota_to_object, status_to_object
+from gpuforge.quota.reconcile import recompute_status
+from gpuforge.quota.usage import WorkloadUsage
+
+CRD = Path(__file__).resolve().parents[3] / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+GPU = "requests.nvidia.com/gpu"
+
+
+def prune(value: Any, schema: dict[str, Any]) -> Any:
+    """Drop what `schema` does not declare (structural-schema pruning, without defaults)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if properties is not None:
+            return {key: prune(item, properties[key]) for key, item in value.items() if key in properties}
+        if isinstance(extra, dict):
+            return {key: prune(item, extra) for key, item in value.items()}
+        return {}
+    if isinstance(value, list):
+        return [prune(item, schema.get("items") or {}) for item in value]
+    return value
+
+
+@functools.cache
+def status_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    return schema
+
+
+def test_status_round_trips_through_the_crd_schema() -> None:
+    status = GpuQuotaStatus(
+        hard={GPU: Decimal(16)},
+        used={GPU: Decimal(3)},
+        self_used={GPU: Decimal(3)},
+        reservations=(
+            Reservation("u1", "Deployment/ns/w", {GPU: Decimal(1)}, {GPU: Decimal(2)}, NOW, generation=7),
+        ),
+        last_reconcile_time=NOW,
+        conditions=(Condition("Reconciled", "True", "Recomputed", "", NOW),),
+    )
+    written = status_to_object(status)
+    assert prune(written, status_schema()) == written
+
+
+def _persisted(quota: GpuQuota, status: GpuQuotaStatus, version: int) -> GpuQuota:
+    """What the next reader gets back after `status` is written: JSON, pruned by the CRD schema."""
+    raw = quota_to_object(replace(quota, status=status, resource_version=str(version)))
+    raw["status"] = prune(raw["status"], status_schema())
+    return quota_from_object(raw)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_racing_scales_never_exceed_hard_while_controllers_lag(seed: int) -> None:
+    """50 Deployments at 0 replicas race `kubectl scale --replicas=1` against a quota of 16, while the
+    usage controllers of two webhook replicas recompute, each from its own lagging watch cache. Every
+    status goes through the CRD schema. At no point may more replicas be admitted than the quota holds."""
+    rng = random.Random(seed)
+    empty = GpuQuota(name="scale", parent="", hard={GPU: Decimal(16)}, status=GpuQuotaStatus())
+    quota = _persisted(empty, GpuQuotaStatus(), 1)
+    version = 1
+    truth = {f"s{i}": (0, 1) for i in range(50)}  # name -> (replicas, generation) in etcd
+    views = [dict(truth), dict(truth)]  # each replica's watch cache, behind by its own delay
+    in_flight: list[str] = []  # admitted, not yet persisted by the API server
+    now = NOW
+    for _ in range(600):
+        now += timedelta(milliseconds=rng.randint(1, 30))
+        step = rng.random()
+        waiting = [name for name, (replicas, _) in truth.items() if replicas == 0 and name not in in_flight]
+        if step < 0.4 and waiting:  # a webhook admits a scale of a Deployment it just read
+            name = rng.choice(waiting)
+            _, generation = truth[name]
+            ask = WorkloadAsk(f"uid-{name}", f"Deployment/ns/{name}", {GPU: Decimal(1)}, {GPU: Decimal(1)})
+            decision = admit_workload(quota, replace(ask, generation=generation + 1), now)
+            if isinstance(decision, Allowed) and decision.status is not None:
+                version += 1
+                quota = _persisted(quota, decision.status, version)
+                in_flight.append(name)
+        elif step < 0.6 and in_flight:  # the API server persists one admitted scale
+            name = in_flight.pop(rng.randrange(len(in_flight)))
+            truth[name] = (1, truth[name][1] + 1)
+        elif step < 0.8:  # a watch delivers one change to one replica (the second one lags more)
+            view = views[0] if rng.random() < 0.8 else views[1]
+            name = rng.choice(sorted(truth))
+            view[name] = truth[name]
+        else:  # one replica's controller recomputes from what it has seen
+            usages = [
+                WorkloadUsage(
+                    "Deployment", "ns", name, "scale", replicas, {GPU: Decimal(replicas)}, generation
+                )
+                for name, (replicas, generation) in rng.choice(views).items()
+            ]
+            status = recompute_status(quota, [], usages, {}, now, keep_settled=timedelta(seconds=15))
+            version += 1
+            quota = _persisted(quota, status, version)
+        admitted = sum(replicas for replicas, _ in truth.values()) + len(in_flight)
+        assert admitted <= 16, f"seed {seed}: {admitted} replicas admitted against a quota of 16"
