@@ -62,6 +62,9 @@ class Reservation:
     expected: ResourceList  # the workload's whole usage once the request is persisted
     created: datetime
     generation: int = 0  # 0: settled as soon as the object exists
+    # metadata.uid of the object the request creates or changes: only that object settles it, not one
+    # deleted or recreated under the same name. "" (carve-outs, older reservations): the name decides.
+    object_uid: str = ""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,25 @@ def webhook() -> None:
     show_default=True,
     help="Budget clock multiplier (3600: a second counts as an hour).",
 )
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    "leader_elect",
+    default=True,
+    help="Replicas elect one usage controller through a Lease (--no-leader-elect: this one always writes).",
+)
+@click.option(
+    "--lease-namespace",
+    help="Namespace of the controller's Lease (default: the pod's namespace; outside a cluster `default`).",
+)
+@click.option("--lease-name", help="Name of the Lease (default: <name>-controller).")
+@click.option(
+    "--lease-duration",
+    "lease_seconds",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(3.0, 300.0),
+    help="Seconds a crashed leader's Lease blocks the others; renewed every third of it.",
+)
 @click.option("--crd", "crd_file", type=click.Path(exists=True, path_type=Path), help="Apply this CRD first.")
 @click.option("-v", "--verbose", is_flag=True)
 def run(verbose: bool, **kwargs: object) -> None:

@@ -284,6 +284,46 @@ class QuotaApi:
                 if line.strip():
                     yield json.loads(line)
 
+    # --- Leases (leader election of the usage controller) -------------------------------------------
+
+    @staticmethod
+    def _lease_path(namespace: str, name: str | None = None) -> str:
+        return Resource("/apis/coordination.k8s.io/v1", "leases", True).path(namespace, name)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._request("GET", self._lease_path(namespace, name))
+
+    async def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the Lease; Conflict (409 AlreadyExists) if another replica created it first."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": dict(spec),
+        }
+        result = await self._request(
+            "POST", self._lease_path(namespace), body=body, params={"fieldManager": FIELD_MANAGER}
+        )
+        assert result is not None
+        return result
+
+    async def replace_lease(
+        self, namespace: str, name: str, resource_version: str, spec: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Replace the Lease only if it still has `resource_version` (Conflict otherwise)."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+            "spec": dict(spec),
+        }
+        result = await self._request(
+            "PUT", self._lease_path(namespace, name), body=body, params={"fieldManager": FIELD_MANAGER}
+        )
+        if result is None:
+            raise ApiError(404, f"Lease {namespace}/{name} is gone")
+        return result
+
     # --- Events -----------------------------------------------------------------------------------
 
     async def record_event(

@@ -61,6 +61,7 @@ class WorkloadAsk:
     delta: ResourceList
     expected: ResourceList
     generation: int = 0  # metadata.generation the object has once this request is persisted
+    object_uid: str = ""  # metadata.uid of that object (the API server sets it before validation)
 
 
 def quota_ref(name: str) -> str:
@@ -179,6 +180,7 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
         expected=restrict(ask.expected, counted),
         created=now,
         generation=ask.generation,
+        object_uid=ask.object_uid,
     )
     return Allowed(
         quota=quota.name,

@@ -103,10 +103,20 @@ def pod_run_window(pod: Mapping[str, Any]) -> tuple[datetime | None, datetime | 
     return started, finished
 
 
-def _settled(reservation: Reservation, existing: Mapping[str, int]) -> bool:
-    """The object exists at the generation the request produced (or later): its usage is counted."""
-    generation = existing.get(reservation.workload)
-    return generation is not None and generation >= reservation.generation
+# What a recompute knows of an object by its ref: (metadata.generation, metadata.uid).
+Seen = tuple[int, str]
+
+
+def _settled(reservation: Reservation, existing: Mapping[str, Seen]) -> bool:
+    """The object the request made exists at the generation it produced (or later): its usage is
+    counted. An object of the same name but another uid (deleted, then created again) settles nothing."""
+    seen = existing.get(reservation.workload)
+    if seen is None:
+        return False
+    generation, uid = seen
+    if reservation.object_uid and uid and uid != reservation.object_uid:
+        return False
+    return generation >= reservation.generation
 
 
 def set_condition(
@@ -127,24 +137,24 @@ def recompute_status(
     accrued: ResourceList,
     now: datetime,
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
-    deleted: Mapping[str, int] | None = None,
+    deleted: Mapping[str, Seen] | None = None,
     keep_settled: timedelta = timedelta(0),
 ) -> GpuQuotaStatus:
     """A fresh status for `quota`: usage of `workloads` (those charged to it) and `children`'s hard,
     pending reservations, budgets carried forward plus `accrued`.
 
-    `deleted` maps objects seen deleted (by ref) to their last generation: a reservation for an object
-    that was created and deleted before any recompute saw it is settled too.
+    `deleted` maps objects seen deleted (by ref) to their last generation and uid: a reservation for an
+    object that was created and deleted before any recompute saw it is settled too.
 
     A settled reservation stays listed (not counted) until it is `keep_settled` old. Every webhook
     replica runs this recompute from its own watch caches: one that lags must still find the
     reservation of an object it does not see yet, or it would count neither and lower `used` under
     what was admitted."""
     counted = [key for key in quota.hard if not is_cash_key(key)]
-    existing: dict[str, int] = dict(deleted or {})
-    existing.update({item.ref: item.generation for item in workloads})
+    existing: dict[str, Seen] = dict(deleted or {})
+    existing.update({item.ref: (item.generation, item.uid) for item in workloads})
     for child in children:
-        existing[f"{KIND}//{child.name}"] = child.generation
+        existing[f"{KIND}//{child.name}"] = (child.generation, child.uid)
     pending: list[Reservation] = []
     kept: list[Reservation] = []
     for reservation in quota.status.reservations:

@@ -49,6 +49,7 @@ class WorkloadUsage:
     replicas: int
     usage: ResourceList = field(default_factory=dict)
     generation: int = 0
+    uid: str = ""  # metadata.uid: which object of this name it is
 
     @property
     def ref(self) -> str:
@@ -348,6 +349,7 @@ def workload_usage(
         replicas=count,
         usage={key: amount for key, amount in total.items() if amount},
         generation=generation_of(obj),
+        uid=str(metadata.get("uid") or ""),
     )
 
 

@@ -201,6 +201,8 @@ WEBHOOK_RULES: Final = (
     _rule("resource.k8s.io", ["resourceclaims", "resourceclaimtemplates"], ["get", "list"]),
     # BudgetExhausted and denial events on GpuQuotas.
     _rule("", ["events"], ["create"]),
+    # Leader election of the usage controller: one replica writes recomputed usage (webhook.leader).
+    _rule("coordination.k8s.io", ["leases"], ["get", "create", "update"]),
 )
 
 

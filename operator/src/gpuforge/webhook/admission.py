@@ -316,6 +316,8 @@ class AdmissionHandlers:
             delta,
             new,
             generation=generation_of(obj) or (1 if request.operation == "CREATE" else 0),
+            # Set by the API server before validating admission, on create too.
+            object_uid=str((obj.get("metadata") or {}).get("uid") or ""),
         )
         return await self._charge(request, quota_name, ask)
 
@@ -348,6 +350,12 @@ class AdmissionHandlers:
             delta,
             new,
             generation=generation_of(workload) + 1,  # a replica change bumps the generation
+            # The Scale object carries its workload's uid; the workload read is the fallback.
+            object_uid=str(
+                (request.object.get("metadata") or {}).get("uid")
+                or (workload.get("metadata") or {}).get("uid")
+                or ""
+            ),
         )
         return await self._charge(request, quota_name, ask)
 

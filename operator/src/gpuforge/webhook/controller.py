@@ -60,6 +60,7 @@ from gpuforge.quota.usage import (
 )
 from gpuforge.webhook import metrics
 from gpuforge.webhook.admission import Clock, QuotaWriter, utc_now
+from gpuforge.webhook.leader import LeaderElector
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,12 @@ class UsageController:
     # Shares the webhook's GpuQuota cache and per-quota locks: its writes never race this process's
     # admissions, and it decides from the newest copy this process knows.
     writer: QuotaWriter | None = None
+    # With several replicas, only the holder of the Lease writes recomputed usage (None: always write).
+    # The others keep their caches warm and take over from a full resync when they get the Lease.
+    leader: LeaderElector | None = None
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
-    # Objects seen deleted (ref -> (generation, when)), so their reservations settle without the TTL.
-    _deleted: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # Objects seen deleted (ref -> (generation, uid, when)), so their reservations settle without the TTL.
+    _deleted: dict[str, tuple[int, str, float]] = field(default_factory=dict)
     # What each watched object last counted with: (generation, quota label).
     _seen: dict[str, tuple[int, str]] = field(default_factory=dict)
     # Set when a pass put off dropping settled reservations: the next pass comes within settle_seconds.
@@ -150,7 +154,8 @@ class UsageController:
                 touched = {label, previous[1] if previous is not None else ""}
             if event_type == "DELETED":
                 self._seen.pop(ref, None)
-                self._deleted[ref] = (generation_of(obj), asyncio.get_running_loop().time())
+                uid = str((obj.get("metadata") or {}).get("uid") or "")
+                self._deleted[ref] = (generation_of(obj), uid, asyncio.get_running_loop().time())
                 self._dirty_quotas.update(touched - {""})
                 self.poke()
                 return
@@ -184,6 +189,9 @@ class UsageController:
             loop = asyncio.get_running_loop()
             full, last_full = True, loop.time()
             while True:
+                if not self._may_write():
+                    await self._follow()
+                    full, last_full = True, loop.time()
                 self._dirty.clear()
                 self._settles_deferred = False
                 has_budgets = await self._reconcile_logged(full)
@@ -203,6 +211,17 @@ class UsageController:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _may_write(self) -> bool:
+        return self.leader is None or self.leader.is_leader()
+
+    async def _follow(self) -> None:
+        """Wait, not writing, until this replica leads; its caches stay warm meanwhile."""
+        assert self.leader is not None
+        log.info("usage controller standing by: another replica holds the Lease")
+        await self.leader.wait_leading()
+        log.info("usage controller leading: full resync")
+        self._dirty_quotas.clear()
 
     async def _reconcile_logged(self, full: bool = True) -> bool:
         dirty, self._dirty_quotas = self._dirty_quotas, set()
@@ -352,7 +371,7 @@ class UsageController:
         self._usages = usage_cache
         runs = self._runs(snap) if has_budgets else {}
         horizon = asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds()
-        self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[1] > horizon}
+        self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[2] > horizon}
         children = children_of(quotas)
         now = self.clock()
         # Besides the quotas events touched, a pass takes those holding a reservation old enough to
@@ -388,7 +407,7 @@ class UsageController:
                 now = self.clock()
                 since = quota.status.last_reconcile_time or now
                 accrued = accrue(runs, since, now, self.speedup) if runs else {}
-                deleted = {ref: generation for ref, (generation, _) in self._deleted.items()}
+                deleted = {ref: (generation, uid) for ref, (generation, uid, _) in self._deleted.items()}
                 status = recompute_status(
                     quota,
                     children,
@@ -405,6 +424,8 @@ class UsageController:
                 ):
                     metrics.RECONCILES.labels("unchanged").inc()
                     self._export(quota.name, quota.hard, status.used)
+                    return
+                if not self._may_write():  # leadership lapsed during this pass
                     return
                 try:
                     written = await self.api.replace_quota_status(

@@ -74,3 +74,8 @@ CERT_RELOADS: Final = Counter(
     "Serving certificate reloads after the files changed.",
     registry=REGISTRY,
 )
+CONTROLLER_LEADER: Final = Gauge(
+    "gpuforge_quota_controller_leader",
+    "1 while this replica's usage controller holds the Lease and writes recomputed usage, else 0.",
+    registry=REGISTRY,
+)

@@ -14,6 +14,7 @@ import signal
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from gpuforge.k8s.quota import Informer, QuotaApi
 from gpuforge.webhook.admission import AdmissionHandlers, Clock, utc_now
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 from gpuforge.webhook.controller import UsageController
+from gpuforge.webhook.leader import LeaderElector, default_namespace
 from gpuforge.webhook.manifests import ClientTarget, FailurePolicy, render_webhook_configurations
 from gpuforge.webhook.server import CertReloader, make_app, serving
 
@@ -49,6 +51,11 @@ class WebhookOptions:
     cert_check_seconds: float = 5.0
     crd_file: Path | None = None
     reuse_port: bool = False  # several replicas on one host share the port (benchmark)
+    # Only the holder of this Lease runs the usage controller's writes (replicas elect one).
+    leader_elect: bool = True
+    lease_namespace: str | None = None  # default: the pod's namespace, `default` outside a cluster
+    lease_name: str | None = None  # default: <name>-controller
+    lease_seconds: float = 15.0
 
 
 @dataclass
@@ -91,6 +98,20 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
         reloader = CertReloader(cert, key, options.cert_check_seconds)
         quota_cache = Informer(api, QUOTA_KIND)  # admissions decide from it, writes keep it fresh
         handlers = AdmissionHandlers(api, clock, quota_cache=quota_cache)
+        elector = (
+            LeaderElector(
+                api,
+                options.lease_namespace or default_namespace(),
+                options.lease_name or f"{options.name}-controller",
+                clock=clock,
+                duration=timedelta(seconds=options.lease_seconds),
+                renew_seconds=options.lease_seconds / 3,
+                retry_seconds=min(2.0, options.lease_seconds / 5),
+                renew_deadline=timedelta(seconds=options.lease_seconds * 2 / 3),
+            )
+            if options.controller and options.leader_elect
+            else None
+        )
         controller = (
             UsageController(
                 api,
@@ -99,12 +120,14 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                 accrual_seconds=options.accrual_seconds,
                 speedup=options.speedup,
                 writer=handlers.writer,
+                leader=elector,
             )
             if options.controller
             else None
         )
         registered: list[str] = []
         controller_task: asyncio.Task[None] | None = None
+        elector_task: asyncio.Task[None] | None = None
         cache_task: asyncio.Task[None] | None = None
         try:
             if options.crd_file is not None:
@@ -125,11 +148,15 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                         await api.apply_webhook_configuration(configuration)
                         registered.append(configuration["metadata"]["name"])
                     log.info("registered %s -> %s", ", ".join(registered), url)
+                if elector is not None:
+                    elector_task = asyncio.create_task(elector.run())
                 if controller is not None:
                     controller_task = asyncio.create_task(controller.run(run_quota_informer=False))
                 yield RunningWebhook(port, url, ca_bundle, api, controller)
         finally:
-            for task in (controller_task, cache_task):
+            # The controller stops before the Lease is released (the elector's last act), so no write
+            # of this replica overlaps the next leader's.
+            for task in (controller_task, elector_task, cache_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -10,9 +10,11 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from kubernetes import client
 REPO = Path(__file__).resolve().parents[4]
 CRD = REPO / "operator" / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"
 GPU = "requests.nvidia.com/gpu"
+LEASE_SECONDS = 6
 
 
 def _free_port() -> int:
@@ -35,23 +38,27 @@ def _free_port() -> int:
 class WebhookProcess:
     """`gpuforge webhook run --register` as a child process; restartable on the same port."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, log_dir: Path, *, register: bool = True, tag: str = "webhook"
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.port = _free_port()
         self.log_dir = log_dir
+        self.register = register  # a second replica serves and reconciles but is not what the API calls
+        self.tag = tag
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     def start(self) -> None:
         self.starts += 1
-        log = (self.log_dir / f"webhook-{self.starts}.log").open("wb")
+        log = self.log_path.open("wb")
         command = [
             sys.executable,
             "-m",
             "gpuforge",
             "webhook",
             "run",
-            "--register",
+            "--register" if self.register else "--no-register",
             "--port",
             str(self.port),
             "--kubeconfig",
@@ -68,18 +75,35 @@ class WebhookProcess:
             "3600",
             "--timeout",
             "10",
+            # Replicas elect one usage controller; a short Lease keeps failover after a SIGKILL quick.
+            "--lease-duration",
+            str(LEASE_SECONDS),
         ]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"webhook exited: {(self.log_dir / f'webhook-{self.starts}.log').read_text()}"
-                )
-            if b"serving on" in (self.log_dir / f"webhook-{self.starts}.log").read_bytes():
+                raise RuntimeError(f"webhook exited: {(self.log_path).read_text()}")
+            if b"serving on" in (self.log_path).read_bytes():
                 return
             time.sleep(0.1)
         raise RuntimeError("webhook did not start in 60 s")
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.tag}-{self.starts}.log"
+
+    def metric(self, name: str) -> float | None:
+        """A sample of this process's /metrics (self-signed serving certificate: not verified)."""
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        url = f"https://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, context=context, timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return None
 
     def stop(self, *, crash: bool = False) -> None:
         """SIGTERM unregisters; a crash (SIGKILL) leaves the configurations, so requests fail closed."""
