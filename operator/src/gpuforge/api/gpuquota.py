@@ -62,9 +62,12 @@ class Reservation:
     expected: ResourceList  # the workload's whole usage once the request is persisted
     created: datetime
     generation: int = 0  # 0: settled as soon as the object exists
-    # metadata.uid of the object the request creates or changes: only that object settles it, not one
-    # deleted or recreated under the same name. "" (carve-outs, older reservations): the name decides.
-    object_uid: str = ""
+    # metadata.uid of the object the request creates or changes, newest last: besides this request's,
+    # those of earlier attempts it replaced (a retried create whose first attempt may have persisted).
+    # Any of them seen live settles it; a deletion settles it only if it is the newest (an object
+    # deleted and created again under the same name does not settle the new one's reservation).
+    # Empty (quota carve-outs, reservations of older webhooks): the name decides.
+    object_uids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -125,12 +125,7 @@ def _without_rivals(
     now retried; or the same request asked twice, same uid) are alternatives, not additions: they are
     replaced by one reservation holding the larger amount per key. Without this, every retry would hold
     usage that no object will ever have until the controller settles it."""
-    rivals = [
-        item
-        for item in quota.status.reservations
-        if item.workload == workload
-        and ((generation > 0 and item.generation == generation) or item.uid == uid)
-    ]
+    rivals = [item for item in quota.status.reservations if _is_rival(item, workload, generation, uid)]
     if not rivals:
         return quota, charged
     used, self_used, merged = dict(quota.status.used), dict(quota.status.self_used), dict(charged)
@@ -143,6 +138,20 @@ def _without_rivals(
     kept = tuple(item for item in quota.status.reservations if item not in rivals)
     status = replace(quota.status, used=used, self_used=self_used, reservations=kept)
     return replace(quota, status=status), merged
+
+
+def _is_rival(item: Reservation, workload: str, generation: int, uid: str) -> bool:
+    return item.workload == workload and (
+        (generation > 0 and item.generation == generation) or item.uid == uid
+    )
+
+
+def _object_uids(rivals: list[str], newest: str) -> tuple[str, ...]:
+    """The uids that may settle a merged reservation, this request's last. A retried create gets a new
+    uid from the API server, yet its first attempt's object may be the one that persisted."""
+    if not newest:  # without this request's uid the name decides, as for older reservations
+        return ()
+    return (*dict.fromkeys(uid for uid in rivals if uid != newest), newest)
 
 
 def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision:
@@ -166,6 +175,12 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
             )
     counted = [key for key in quota.hard if not is_cash_key(key)]
     charged = {key: amount for key, amount in restrict(ask.delta, counted).items() if amount > 0}
+    rival_uids = [
+        uid
+        for item in quota.status.reservations
+        if _is_rival(item, ask.workload, ask.generation, ask.uid)
+        for uid in item.object_uids
+    ]
     quota, charged = _without_rivals(quota, ask.workload, ask.generation, ask.uid, charged)
     for key in sorted(charged):
         denied = _shortfall(quota, key, charged[key], what)
@@ -180,7 +195,7 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
         expected=restrict(ask.expected, counted),
         created=now,
         generation=ask.generation,
-        object_uid=ask.object_uid,
+        object_uids=_object_uids(rival_uids, ask.object_uid),
     )
     return Allowed(
         quota=quota.name,

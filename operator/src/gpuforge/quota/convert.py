@@ -107,7 +107,7 @@ def _status_from_object(status: Mapping[str, Any]) -> GpuQuotaStatus:
                 expected=_resources(item.get("expected"), f"status.reservations[{index}].expected"),
                 created=parse_time(item.get("created"), f"status.reservations[{index}].created"),
                 generation=_integer(item.get("generation"), f"status.reservations[{index}].generation"),
-                object_uid=str(item.get("objectUid") or ""),
+                object_uids=tuple(str(uid) for uid in item.get("objectUids") or () if uid),
             )
         )
     conditions = []
@@ -152,7 +152,7 @@ def status_to_object(status: GpuQuotaStatus) -> dict[str, Any]:
                 "expected": format_resource_list(item.expected),
                 "created": format_time(item.created),
                 "generation": item.generation,
-                **({"objectUid": item.object_uid} if item.object_uid else {}),
+                **({"objectUids": list(item.object_uids)} if item.object_uids else {}),
             }
             for item in status.reservations
         ]

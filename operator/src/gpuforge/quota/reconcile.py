@@ -107,16 +107,22 @@ def pod_run_window(pod: Mapping[str, Any]) -> tuple[datetime | None, datetime | 
 Seen = tuple[int, str]
 
 
-def _settled(reservation: Reservation, existing: Mapping[str, Seen]) -> bool:
+def _settled(reservation: Reservation, live: Mapping[str, Seen], deleted: Mapping[str, Seen]) -> bool:
     """The object the request made exists at the generation it produced (or later): its usage is
-    counted. An object of the same name but another uid (deleted, then created again) settles nothing."""
-    seen = existing.get(reservation.workload)
-    if seen is None:
-        return False
-    generation, uid = seen
-    if reservation.object_uid and uid and uid != reservation.object_uid:
-        return False
-    return generation >= reservation.generation
+    counted. Another object of the same name (deleted, then created again) settles nothing: a live one
+    must have one of the reservation's uids, a deleted one the newest (this request's own)."""
+    uids = reservation.object_uids
+    seen = live.get(reservation.workload)
+    if seen is not None:
+        generation, uid = seen
+        if not uids or not uid or uid in uids:
+            return generation >= reservation.generation
+    gone = deleted.get(reservation.workload)
+    if gone is not None:
+        generation, uid = gone
+        if not uids or not uid or uid == uids[-1]:
+            return generation >= reservation.generation
+    return False
 
 
 def set_condition(
@@ -151,17 +157,16 @@ def recompute_status(
     reservation of an object it does not see yet, or it would count neither and lower `used` under
     what was admitted."""
     counted = [key for key in quota.hard if not is_cash_key(key)]
-    existing: dict[str, Seen] = dict(deleted or {})
-    existing.update({item.ref: (item.generation, item.uid) for item in workloads})
+    live: dict[str, Seen] = {item.ref: (item.generation, item.uid) for item in workloads}
     for child in children:
-        existing[f"{KIND}//{child.name}"] = (child.generation, child.uid)
+        live[f"{KIND}//{child.name}"] = (child.generation, child.uid)
     pending: list[Reservation] = []
     kept: list[Reservation] = []
     for reservation in quota.status.reservations:
         age = now - reservation.created
         if age >= reservation_ttl:
             continue
-        if not _settled(reservation, existing):
+        if not _settled(reservation, live, deleted or {}):
             pending.append(reservation)
             kept.append(reservation)
         elif age < keep_settled:

@@ -306,3 +306,31 @@ def test_dry_run_writes_nothing(quotas: Quotas, namespace: str, api_client: Any)
         apps.create_namespaced_deployment(
             namespace, deployment("d", quotas.name("dry"), replicas=3), dry_run="All"
         )
+
+
+# --- reservations keyed by object uid ------------------------------------------------------------------
+
+
+def test_delete_and_recreate_under_the_same_name_keeps_usage_right(
+    quotas: Quotas, namespace: str, api_client: Any
+) -> None:
+    quotas.create("uid", {GPU: 8})
+    apps = client.AppsV1Api(api_client)
+    first = apps.create_namespaced_deployment(namespace, deployment("same", quotas.name("uid"), gpus=2))
+
+    def reservation_uids() -> list[str]:
+        status = quotas.get("uid").get("status") or {}
+        return [uid for item in status.get("reservations") or [] for uid in item.get("objectUids") or []]
+
+    # The API server assigns the uid before validating admission: the create's reservation names it.
+    assert first.metadata.uid in reservation_uids()
+    apps.delete_namespaced_deployment("same", namespace)
+    second = apps.create_namespaced_deployment(namespace, deployment("same", quotas.name("uid"), gpus=3))
+    assert second.metadata.uid != first.metadata.uid
+    assert second.metadata.uid in reservation_uids()
+    # The old object's deletion must not settle the new one's reservation: usage never dips below 3.
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        assert int(quotas.used("uid")) >= 3
+        time.sleep(0.2)
+    wait_for(lambda: quotas.used("uid") == "3", message="usage 3 for the recreated Deployment")

@@ -125,6 +125,21 @@ def test_a_retried_create_replaces_the_reservation_of_its_lost_attempt() -> None
     assert isinstance(admit_workload(updated, next_generation, NOW), Denied)
 
 
+def test_a_reservation_records_the_uids_that_may_settle_it() -> None:
+    """Each attempt of a create gets its own object uid; the merged reservation keeps every attempt's
+    uid (any of them may be the object that persisted), this request's last."""
+    first = replace(ask({GPU: 1}, uid="a", workload="Deployment/ns/w"), generation=1, object_uid="u1")
+    retry = replace(first, uid="b", object_uid="u2")
+    again = replace(first, uid="c", object_uid="u1")
+    updated, _ = admit_many(quota("t", {GPU: 4}), [first, retry], NOW)
+    assert [r.object_uids for r in updated.status.reservations] == [("u1", "u2")]
+    updated, _ = admit_many(updated, [again], NOW)
+    assert [r.object_uids for r in updated.status.reservations] == [("u2", "u1")]
+    anonymous = replace(first, object_uid="")  # without the object's uid the name decides
+    updated, _ = admit_many(quota("t", {GPU: 4}), [anonymous], NOW)
+    assert [r.object_uids for r in updated.status.reservations] == [()]
+
+
 # --- tree rules --------------------------------------------------------------------------------
 
 

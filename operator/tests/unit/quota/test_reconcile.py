@@ -5,7 +5,7 @@ from decimal import Decimal
 import pytest
 
 from gpuforge.api.gpuquota import GpuQuota, GpuQuotaStatus, Reservation
-from gpuforge.quota.convert import QuotaSpecError, quota_from_object, quota_to_object
+from gpuforge.quota.convert import QuotaSpecError, quota_from_object, quota_to_object, status_to_object
 from gpuforge.quota.reconcile import (
     PodRun,
     accrue,
@@ -129,3 +129,51 @@ def test_settling_alone_is_told_apart_from_a_change_of_usage() -> None:
     assert settled_only(quota.status, expired) is None  # racing's GPU is released: write now
     grown = [WorkloadUsage("Deployment", "ns", "seen", "org", 3, {GPU: D(3)})]
     assert settled_only(quota.status, recompute_status(quota, [], grown, {}, T0)) is None
+
+
+REF = "Deployment/ns/same"
+Obj = tuple[int, str] | None
+
+
+@pytest.mark.parametrize(
+    ("uids", "live", "deleted", "counted"),
+    [
+        # The recreated object (uid new) is not seen yet; the old one (uid old) was seen deleted:
+        # the old deletion must not settle the new reservation.
+        (("new",), None, (1, "old"), True),
+        (("old", "new"), None, (1, "old"), True),  # nor when it replaced the old one's reservation
+        (("new",), (1, "old"), None, True),  # a lagging cache still shows the old object
+        (("new",), (1, "new"), None, False),  # the new object is seen: its usage counts instead
+        (("new",), None, (1, "new"), False),  # the new object itself came and went
+        (("new",), (1, "old"), (1, "new"), False),  # ... after the old one (both events seen)
+        # A retried create: its first attempt persisted (uid first), the retry's (uid retry) did not.
+        (("first", "retry"), (1, "first"), None, False),
+        (("new",), (0, "new"), None, True),  # seen, but not yet at the generation the request made
+        ((), None, (1, "old"), False),  # a reservation without uids (older webhook): the name decides
+        (("new",), (1, ""), None, False),  # an object without uid: the name decides
+    ],
+)
+def test_a_reservation_settles_only_against_its_own_object(
+    uids: tuple[str, ...], live: Obj, deleted: Obj, counted: bool
+) -> None:
+    pending = replace(reservation(REF, 3, 1), generation=1, object_uids=uids)
+    quota = GpuQuota("org", "", {GPU: D(8)}, GpuQuotaStatus(reservations=(pending,)))
+    workloads = []
+    if live is not None:
+        workloads.append(
+            WorkloadUsage("Deployment", "ns", "same", "org", 1, {GPU: D(2)}, generation=live[0], uid=live[1])
+        )
+    status = recompute_status(quota, [], workloads, {}, T0, deleted={REF: deleted} if deleted else None)
+    live_gpus = 2 if live is not None else 0
+    assert status.used[GPU] == live_gpus + (3 if counted else 0)
+    assert (pending in status.reservations) == counted
+
+
+def test_object_uids_round_trip_through_status() -> None:
+    item = replace(reservation(REF, 1, 1), object_uids=("a", "b"))
+    raw = status_to_object(GpuQuotaStatus(reservations=(item,)))
+    assert raw["reservations"][0]["objectUids"] == ["a", "b"]
+    parsed = quota_from_object({"metadata": {"name": "q"}, "spec": {"hard": {}}, "status": raw})
+    assert parsed.status.reservations == (item,)
+    bare = status_to_object(GpuQuotaStatus(reservations=(reservation(REF, 1, 1),)))
+    assert "objectUids" not in bare["reservations"][0]
