@@ -36,7 +36,10 @@ ansible-host-image: venv ansible-deps ## Build (or reuse from cache) the Debian 
 
 lint-ansible: venv ansible-collection ## yamllint, ansible-lint (production, offline), argspec check, unit tests, build
 	$(BIN)/yamllint --strict $(ANSIBLE_YAML_PATHS)
-	$(BIN)/ansible-lint --offline --profile production
+	@# Its own ANSIBLE_HOME: a copy of gpuforge.nodes installed under ~/.ansible (by ansible-lint or galaxy)
+	@# would shadow ./collections, and lint would check that stale copy instead of this checkout.
+	@mkdir -p build/ansible-home
+	ANSIBLE_HOME=$(CURDIR)/build/ansible-home $(BIN)/ansible-lint --offline --profile production
 	$(BIN)/python tests/ansible/check_argspecs.py
 	$(BIN)/ruff check --line-length 110 --select E,F,W,I,B,UP,SIM,RUF $(ANSIBLE_PYTHON)
 	$(BIN)/ruff format --line-length 110 --check $(ANSIBLE_PYTHON)

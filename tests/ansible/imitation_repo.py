@@ -46,10 +46,43 @@ class Package:
     description: str
     depends: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # path in package -> content
-    executables: frozenset[str] = frozenset()
+    files: dict[str, str] = field(default_factory=dict)  # path in package -> content (usr/bin/*: executable)
     postinst: str = ""
     architecture: str = "amd64"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One package of a family that is released together: every member carries the family's version."""
+
+    name: str
+    description: str
+    # Other members ("a | b" for alternatives), each pinned to the family's exact version like NVIDIA's
+    # packages; an entry that already carries a version constraint is kept as it is.
+    depends: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()
+
+
+def family(version: str, members: list[Member]) -> list[Package]:
+    """The members as packages of one version, their dependencies on each other pinned with "="."""
+
+    def pinned(dependency: str) -> str:
+        if "(" in dependency:
+            return dependency
+        return " | ".join(f"{alternative} (= {version})" for alternative in dependency.split(" | "))
+
+    return [
+        Package(
+            member.name,
+            version,
+            member.description,
+            depends=[pinned(dependency) for dependency in member.depends],
+            conflicts=list(member.conflicts),
+            files=dict(member.files),
+        )
+        for member in members
+    ]
 
 
 def _stub(name: str, **replacements: str) -> str:
@@ -59,151 +92,141 @@ def _stub(name: str, **replacements: str) -> str:
     return text
 
 
-def _daemon_unit(description: str, binary: str) -> str:
-    return (
-        f"[Unit]\nDescription={description} (gpuforge imitation)\n\n"
-        f"[Service]\nExecStart={binary}\nRestart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n"
+def _library(name: str, soname: str, description: str) -> Member:
+    return Member(name, description, files=((f"{LIBDIR}/{soname}", "imitation\n"),))
+
+
+def _daemon(
+    name: str, binary: str, unit: str, unit_description: str, description: str, version: str
+) -> Member:
+    service = (
+        f"[Unit]\nDescription={unit_description} (gpuforge imitation)\n\n"
+        f"[Service]\nExecStart=/usr/bin/{binary}\nRestart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    program = _stub("simulated-daemon", DAEMON=binary, VERSION=version)
+    return Member(
+        name,
+        description,
+        files=((f"usr/bin/{binary}", program), (f"lib/systemd/system/{unit}.service", service)),
     )
 
 
 def driver_packages(branch: str, upstream: str, cuda: str) -> list[Package]:
-    version = f"{upstream}-1"
-    exact = f"(= {version})"
-    smi = _stub("nvidia-smi", DRIVER_VERSION=upstream, CUDA_VERSION=cuda)
-    persistenced = _stub("simulated-daemon", DAEMON="nvidia-persistenced", VERSION=upstream)
-    fabricmanager = _stub("simulated-daemon", DAEMON="nv-fabricmanager", VERSION=upstream)
     dkms_conf = f'PACKAGE_NAME="nvidia-current"\nPACKAGE_VERSION="{upstream}"\nAUTOINSTALL="yes"\n'
     fabric_name = "nvidia-fabricmanager" if int(branch) >= 580 else f"nvidia-fabricmanager-{branch}"
-    return [
-        Package(
-            "nvidia-driver",
-            version,
-            "NVIDIA metapackage (gpuforge imitation)",
-            depends=[
-                f"nvidia-kernel-dkms {exact} | nvidia-kernel-open-dkms {exact}",
-                f"nvidia-smi {exact}",
-                f"libcuda1 {exact}",
-                f"nvidia-persistenced {exact}",
-            ],
-        ),
-        Package(
-            "nvidia-kernel-dkms",
-            version,
-            "NVIDIA binary kernel module DKMS source (gpuforge imitation: builds nothing)",
-            conflicts=["nvidia-kernel-open-dkms"],
-            files={f"usr/src/nvidia-current-{upstream}/dkms.conf": dkms_conf},
-        ),
-        Package(
-            "nvidia-kernel-open-dkms",
-            version,
-            "NVIDIA open kernel module DKMS source (gpuforge imitation: builds nothing)",
-            conflicts=["nvidia-kernel-dkms"],
-            files={f"usr/src/nvidia-current-open-{upstream}/dkms.conf": dkms_conf},
-        ),
-        Package(
-            "nvidia-smi",
-            version,
-            "NVIDIA System Management Interface (gpuforge imitation: SIMULATED GPUs)",
-            depends=[f"libnvidia-ml1 {exact}"],
-            files={"usr/bin/nvidia-smi": smi},
-            executables=frozenset({"usr/bin/nvidia-smi"}),
-        ),
-        Package(
-            "libnvidia-ml1",
-            version,
-            "NVIDIA Management Library (gpuforge imitation)",
-            files={f"{LIBDIR}/libnvidia-ml.so.{upstream}": "imitation\n"},
-        ),
-        Package(
-            "libcuda1",
-            version,
-            "NVIDIA CUDA driver library (gpuforge imitation)",
-            files={f"{LIBDIR}/libcuda.so.{upstream}": "imitation\n"},
-        ),
-        Package(
-            "nvidia-persistenced",
-            version,
-            "daemon to maintain persistent software state in the NVIDIA driver (gpuforge imitation)",
-            files={
-                "usr/bin/nvidia-persistenced": persistenced,
-                "lib/systemd/system/nvidia-persistenced.service": _daemon_unit(
-                    "NVIDIA Persistence Daemon", "/usr/bin/nvidia-persistenced"
+    modules = {
+        "nvidia-kernel-dkms": ("binary", "nvidia-current"),
+        "nvidia-kernel-open-dkms": ("open", "nvidia-current-open"),
+    }
+    return family(
+        f"{upstream}-1",
+        [
+            Member(
+                "nvidia-driver",
+                "NVIDIA metapackage (gpuforge imitation)",
+                depends=(
+                    "nvidia-kernel-dkms | nvidia-kernel-open-dkms",
+                    "nvidia-smi",
+                    "libcuda1",
+                    "nvidia-persistenced",
                 ),
-            },
-            executables=frozenset({"usr/bin/nvidia-persistenced"}),
-        ),
-        Package(
-            fabric_name,
-            version,
-            "NVIDIA Fabric Manager for NVSwitch systems (gpuforge imitation)",
-            files={
-                "usr/bin/nv-fabricmanager": fabricmanager,
-                "lib/systemd/system/nvidia-fabricmanager.service": _daemon_unit(
-                    "NVIDIA fabric manager service", "/usr/bin/nv-fabricmanager"
+            ),
+            *(
+                Member(
+                    name,
+                    f"NVIDIA {kind} kernel module DKMS source (gpuforge imitation: builds nothing)",
+                    conflicts=tuple(other for other in modules if other != name),
+                    files=((f"usr/src/{source}-{upstream}/dkms.conf", dkms_conf),),
+                )
+                for name, (kind, source) in modules.items()
+            ),
+            Member(
+                "nvidia-smi",
+                "NVIDIA System Management Interface (gpuforge imitation: SIMULATED GPUs)",
+                depends=("libnvidia-ml1",),
+                files=(
+                    ("usr/bin/nvidia-smi", _stub("nvidia-smi", DRIVER_VERSION=upstream, CUDA_VERSION=cuda)),
                 ),
-            },
-            executables=frozenset({"usr/bin/nv-fabricmanager"}),
-        ),
-        # The trap NVIDIA users hit: a branch metapackage whose ">=" dependency pulls in newer branches.
-        Package(
-            f"cuda-drivers-{branch}",
-            version,
-            "CUDA driver metapackage",
-            depends=[f"nvidia-driver (>= {branch})"],
-        ),
-    ]
+            ),
+            _library(
+                "libnvidia-ml1",
+                f"libnvidia-ml.so.{upstream}",
+                "NVIDIA Management Library (gpuforge imitation)",
+            ),
+            _library("libcuda1", f"libcuda.so.{upstream}", "NVIDIA CUDA driver library (gpuforge imitation)"),
+            _daemon(
+                "nvidia-persistenced",
+                "nvidia-persistenced",
+                "nvidia-persistenced",
+                "NVIDIA Persistence Daemon",
+                "daemon to maintain persistent software state in the NVIDIA driver (gpuforge imitation)",
+                upstream,
+            ),
+            _daemon(
+                fabric_name,
+                "nv-fabricmanager",
+                "nvidia-fabricmanager",
+                "NVIDIA fabric manager service",
+                "NVIDIA Fabric Manager for NVSwitch systems (gpuforge imitation)",
+                upstream,
+            ),
+            # The trap NVIDIA users hit: a branch metapackage whose ">=" dependency pulls in newer branches.
+            Member(
+                f"cuda-drivers-{branch}", "CUDA driver metapackage", depends=(f"nvidia-driver (>= {branch})",)
+            ),
+        ],
+    )
 
 
 def toolkit_packages(upstream: str) -> list[Package]:
-    version = f"{upstream}-1"
-    exact = f"(= {version})"
     runtime = (
         '#!/bin/sh\n# nvidia-container-runtime (gpuforge imitation): hands over to runc.\nexec runc "$@"\n'
     )
     cli = "#!/bin/sh\necho 'nvidia-container-cli (gpuforge imitation): SIMULATED GPUs only' >&2\nexit 1\n"
-    return [
-        Package(
-            "nvidia-container-toolkit",
-            version,
-            "NVIDIA Container toolkit (gpuforge imitation)",
-            depends=[f"nvidia-container-toolkit-base {exact}", f"libnvidia-container-tools {exact}"],
-        ),
-        Package(
-            "nvidia-container-toolkit-base",
-            version,
-            "NVIDIA Container Toolkit Base (gpuforge imitation)",
-            files={
-                "usr/bin/nvidia-ctk": _stub("nvidia-ctk", TOOLKIT_VERSION=upstream),
-                "usr/bin/nvidia-container-runtime": runtime,
-            },
-            executables=frozenset({"usr/bin/nvidia-ctk", "usr/bin/nvidia-container-runtime"}),
-        ),
-        Package(
-            "libnvidia-container-tools",
-            version,
-            "NVIDIA container runtime library (command-line tools, gpuforge imitation)",
-            depends=[f"libnvidia-container1 {exact}"],
-            files={"usr/bin/nvidia-container-cli": cli},
-            executables=frozenset({"usr/bin/nvidia-container-cli"}),
-        ),
-        Package(
-            "libnvidia-container1",
-            version,
-            "NVIDIA container runtime library (gpuforge imitation)",
-            files={f"{LIBDIR}/libnvidia-container.so.{upstream}": "imitation\n"},
-        ),
-    ]
+    return family(
+        f"{upstream}-1",
+        [
+            Member(
+                "nvidia-container-toolkit",
+                "NVIDIA Container toolkit (gpuforge imitation)",
+                depends=("nvidia-container-toolkit-base", "libnvidia-container-tools"),
+            ),
+            Member(
+                "nvidia-container-toolkit-base",
+                "NVIDIA Container Toolkit Base (gpuforge imitation)",
+                files=(
+                    ("usr/bin/nvidia-ctk", _stub("nvidia-ctk", TOOLKIT_VERSION=upstream)),
+                    ("usr/bin/nvidia-container-runtime", runtime),
+                ),
+            ),
+            Member(
+                "libnvidia-container-tools",
+                "NVIDIA container runtime library (command-line tools, gpuforge imitation)",
+                depends=("libnvidia-container1",),
+                files=(("usr/bin/nvidia-container-cli", cli),),
+            ),
+            _library(
+                "libnvidia-container1",
+                f"libnvidia-container.so.{upstream}",
+                "NVIDIA container runtime library (gpuforge imitation)",
+            ),
+        ],
+    )
 
 
 def kernel_packages(kernel_release: str) -> list[Package]:
-    return [
-        Package(
-            f"linux-headers-{kernel_release}",
-            "1-1",
-            "Header files for the lab host's running kernel (gpuforge imitation of the distribution archive)",
-            files={f"usr/src/linux-headers-{kernel_release}/Makefile": "# imitation\n"},
-        )
-    ]
+    header_files = ((f"usr/src/linux-headers-{kernel_release}/Makefile", "# imitation\n"),)
+    return family(
+        "1-1",
+        [
+            Member(
+                f"linux-headers-{kernel_release}",
+                "Header files for the lab host's running kernel"
+                " (gpuforge imitation of the distribution archive)",
+                files=header_files,
+            )
+        ],
+    )
 
 
 def _build_deb(package: Package, out_dir: Path, work: Path) -> None:
@@ -213,7 +236,7 @@ def _build_deb(package: Package, out_dir: Path, work: Path) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
-        path.chmod(0o755 if rel in package.executables else 0o644)
+        path.chmod(0o755 if rel.startswith("usr/bin/") else 0o644)
     control = [
         f"Package: {package.name}",
         f"Version: {package.version}",

@@ -393,6 +393,8 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
             },
             "vars": {
                 "ansible_user": "root",
+                # Every host runs Debian's python3: no interpreter discovery round trip per host and run.
+                "ansible_python_interpreter": "/usr/bin/python3",
                 "ansible_ssh_private_key_file": str(state / "ssh/id_ed25519"),
                 "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
                 **lab_vars,

@@ -1,0 +1,197 @@
+#!/usr/bin/python
+# Copyright: gpuforge maintainers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Ansible module reading packages, services and files in one go; the parsing lives in module_utils/node_state."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: node_state
+short_description: Read the state of packages, services and files with one module run
+version_added: 0.2.0
+description:
+  - Reads, for any number of packages, services and files, what the roles otherwise ask with one command
+    each (C(dpkg-query), C(apt-mark showhold), C(apt-cache policy), C(systemctl is-enabled), C(stat)). Each
+    kind of question costs one command on the host, so a role reads its whole state once per phase.
+  - Packages come from dpkg on apt systems and from rpm (holds from C(dnf versionlock)) otherwise.
+  - Changes nothing; supports check mode.
+options:
+  packages:
+    description: Packages whose installed version and hold state to report.
+    type: list
+    elements: str
+    default: []
+  candidates:
+    description: Packages whose candidate version (what apt would install now) to report; apt systems only.
+    type: list
+    elements: str
+    default: []
+  owners:
+    description: Paths whose owning package to report.
+    type: list
+    elements: path
+    default: []
+  services:
+    description: systemd units (C(.service) may be left out) whose load, enablement and activity to report.
+    type: list
+    elements: str
+    default: []
+  files:
+    description: Paths to stat; the content of regular files up to 64 KiB is returned as text.
+    type: list
+    elements: path
+    default: []
+author:
+  - gpuforge maintainers
+"""
+
+EXAMPLES = r"""
+- name: Read the driver packages and services
+  gpuforge.nodes.node_state:
+    packages: [nvidia-driver, nvidia-smi]
+    candidates: [nvidia-smi]
+    services: [nvidia-persistenced]
+    files: [/etc/containerd/config.toml]
+  register: state
+"""
+
+RETURN = r"""
+packages:
+  description: Per package, C(installed) (bool), C(version) (null when not installed) and C(held) (bool).
+  returned: always
+  type: dict
+candidates:
+  description: Per package, the candidate version or null when there is none.
+  returned: always
+  type: dict
+owners:
+  description: Per path, the owning package or null.
+  returned: always
+  type: dict
+services:
+  description: Per unit, C(loaded) (bool), C(enabled) (UnitFileState) and C(active) (ActiveState).
+  returned: always
+  type: dict
+files:
+  description: Per path, C(exists), C(type) (file, directory, link, other), C(mode) (octal string), C(uid),
+    C(gid) and C(content) (text of a regular file up to 64 KiB, else null).
+  returned: always
+  type: dict
+"""
+
+import os
+import stat
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuforge.nodes.plugins.module_utils import node_state
+
+CONTENT_LIMIT = 65536
+
+
+def _run(module, argv):
+    # Exit codes tell "some package unknown" apart from nothing useful; the parsers only trust stdout lines.
+    _rc, out, _err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+    return out
+
+
+def read_packages(module, names):
+    if not names:
+        return {}
+    dpkg = module.get_bin_path("dpkg-query")
+    if dpkg:
+        # dpkg-query and rpm expand the \t and \n escapes of their formats themselves.
+        out = _run(module, [dpkg, "--show", "--showformat=" + node_state.DPKG_QUERY_FORMAT] + names)
+        return node_state.parse_dpkg_query(out, names)
+    rpm = module.get_bin_path("rpm", required=True)
+    out = _run(module, [rpm, "--query", "--queryformat=" + node_state.RPM_QUERY_FORMAT] + names)
+    dnf = module.get_bin_path("dnf")
+    locks = _run(module, [dnf, "--quiet", "versionlock", "list"]) if dnf else ""
+    return node_state.parse_rpm_query(out, names, locks)
+
+
+def read_candidates(module, names):
+    if not names:
+        return {}
+    apt_cache = module.get_bin_path("apt-cache")
+    if not apt_cache:
+        module.fail_json(msg="candidates need apt-cache (apt systems only)")
+    return node_state.parse_apt_policy(_run(module, [apt_cache, "policy"] + names), names)
+
+
+def read_owners(module, paths):
+    if not paths:
+        return {}
+    dpkg = module.get_bin_path("dpkg-query")
+    if dpkg:
+        return node_state.parse_dpkg_search(_run(module, [dpkg, "--search"] + paths), paths)
+    rpm = module.get_bin_path("rpm", required=True)
+    out = _run(module, [rpm, "--query", "--file", "--queryformat=%{NAME}\\n"] + paths)
+    return node_state.parse_rpm_owners(out, paths)
+
+
+def read_services(module, names):
+    if not names:
+        return {}
+    systemctl = module.get_bin_path("systemctl", required=True)
+    props = "--property=" + ",".join(node_state.SYSTEMCTL_PROPERTIES)
+    units = [name if "." in name else name + ".service" for name in names]
+    return node_state.parse_systemctl_show(_run(module, [systemctl, "show", props] + units), names)
+
+
+def read_file(path):
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return {"exists": False, "type": None, "mode": None, "uid": None, "gid": None, "content": None}
+    if stat.S_ISREG(info.st_mode):
+        kind = "file"
+    elif stat.S_ISDIR(info.st_mode):
+        kind = "directory"
+    elif stat.S_ISLNK(info.st_mode):
+        kind = "link"
+    else:
+        kind = "other"
+    content = None
+    if kind == "file" and info.st_size <= CONTENT_LIMIT:
+        try:
+            with open(path, "rb") as handle:
+                content = handle.read().decode("utf-8", "replace")
+        except (IOError, OSError):
+            content = None
+    return {
+        "exists": True,
+        "type": kind,
+        "mode": "%04o" % stat.S_IMODE(info.st_mode),
+        "uid": info.st_uid,
+        "gid": info.st_gid,
+        "content": content,
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "packages": {"type": "list", "elements": "str", "default": []},
+            "candidates": {"type": "list", "elements": "str", "default": []},
+            "owners": {"type": "list", "elements": "path", "default": []},
+            "services": {"type": "list", "elements": "str", "default": []},
+            "files": {"type": "list", "elements": "path", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    module.exit_json(
+        changed=False,
+        packages=read_packages(module, params["packages"]),
+        candidates=read_candidates(module, params["candidates"]),
+        owners=read_owners(module, params["owners"]),
+        services=read_services(module, params["services"]),
+        files=dict((path, read_file(path)) for path in params["files"]),
+    )
+
+
+if __name__ == "__main__":
+    main()
