@@ -29,6 +29,7 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     STACK_LABEL,
 )
+from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import ApiError, Kube, Ref, node_facts, operand_pods, slices_per_node
 from gpuforge.k8s.upgrade import (
     Applied,
@@ -140,7 +141,12 @@ class _Upgrade:
 
 
 def _upgrade(
-    kube: Kube, stack: GpuStack, body: Mapping[str, Any], view: ClusterView, placement: Placement
+    kube: Kube,
+    stack: GpuStack,
+    body: Mapping[str, Any],
+    view: ClusterView,
+    placement: Placement,
+    cache: ClusterCache | None,
 ) -> _Upgrade | None:
     """Plan the node moves of the stack and carry them out; None when the spec cannot be planned."""
     if not _renderable(placement):
@@ -152,7 +158,7 @@ def _upgrade(
     now = datetime.now(UTC)
     snapshot = snapshot_of(view, stack.name, placement.planned, now)
     plan = upgrade_plan(snapshot, desired_of(stack, placement.planned, compat_data.load()), policy)
-    applied = apply_plan(kube, plan, snapshot)
+    applied = apply_plan(kube, plan, snapshot, cache)
     failed = failures(plan, snapshot)
     problems = []
     if failed:
@@ -172,8 +178,10 @@ def _upgrade(
     return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress)
 
 
-def reconcile(kube: Kube, name: str) -> Outcome | None:
-    """One level-based pass over GpuStack `name`; None when it is gone or being deleted."""
+def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outcome | None:
+    """One level-based pass over GpuStack `name`; None when it is gone or being deleted. Nodes, pods,
+    slices and claims come from `cache` where it has synced (every decision is still made from one
+    snapshot of them), the GpuStacks and served versions from the API."""
     body = kube.get_stack(name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -182,7 +190,7 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
     stacks = kube.list_stacks()
     served = kube.served_versions()
     dra_api = compat.best_resource_api(served)
-    view = read_cluster(kube, dra_api, served)
+    view = read_cluster(kube, dra_api, served, cache)
     slices = slices_per_node(view.slices)
     nodes = [node_facts(item, slices) for item in view.nodes]
     pods = operand_pods(view.pods, stack.name)
@@ -192,7 +200,7 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
     error = None
     upgrade: _Upgrade | None = None
     try:
-        upgrade = _upgrade(kube, stack, body, view, placement)
+        upgrade = _upgrade(kube, stack, body, view, placement, cache)
         if upgrade is not None:
             labelled = len(upgrade.plan.transitions)
             after = labels_after(view.nodes, upgrade.plan)
