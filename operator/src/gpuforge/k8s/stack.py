@@ -8,6 +8,7 @@ it again (after a crash, on a timer) converges on the same state.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -106,13 +107,22 @@ def _with_claims(kube: Kube, nodes: Sequence[NodeFacts], names: Sequence[str]) -
     ]
 
 
+_RENDERED: dict[str, list[Manifest]] = {}  # the last few renders: a pass renders what the last one did
+
+
 def _render_all(
     stack: GpuStack,
     operands: frozenset[Mode],
     dra_api: str | None,
     pinned: frozenset[tuple[Mode, str]] = frozenset(),
 ) -> list[Manifest]:
-    return render(RenderInput(stack, operands, dra_api, compat_data.load(), pinned))
+    """`render` is pure; the same inputs (the stack's spec, not its status) give the same manifests."""
+    key = repr((stack, sorted(operands), dra_api, sorted(pinned)))
+    if key not in _RENDERED:
+        if len(_RENDERED) >= 16:
+            _RENDERED.pop(next(iter(_RENDERED)))
+        _RENDERED[key] = render(RenderInput(stack, operands, dra_api, compat_data.load(), pinned))
+    return copy.deepcopy(_RENDERED[key])
 
 
 def _others_rendered(

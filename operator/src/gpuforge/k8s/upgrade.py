@@ -21,7 +21,7 @@ from gpuforge.api.gpustack import GpuStack, Mode
 from gpuforge.constants import STACK_LABEL
 from gpuforge.k8s.cache import NODE, POD, Cached, ClusterCache
 from gpuforge.k8s.client import ApiError, Kube, Obj
-from gpuforge.upgrade.convert import snapshot_from_objects
+from gpuforge.upgrade.convert import ConversionMemo, snapshot_from_objects
 from gpuforge.upgrade.model import (
     FAILURE_ANNOTATION,
     IN_FLIGHT_STATES,
@@ -104,7 +104,11 @@ def snapshot_of(view: ClusterView, stack: str, selected: Iterable[str], now: dat
         claims=view.claims,
         served_resource_versions=view.served,
         names=names,
+        memo=_MEMO,
     )
+
+
+_MEMO = ConversionMemo()  # objects from the watch-fed cache are converted once per resourceVersion
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,9 @@ class Applied:
 
 
 # Nodes are independent: their transitions are applied side by side (each node's own steps in order).
-APPLY_WORKERS = 16
+APPLY_WORKERS = 32
+# Events change no decision: they are posted in the background, so a pass does not wait for them.
+_EVENTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuforge-events")
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,7 @@ def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot, cache: ClusterCache |
         change = None
         if transition.changes_state:
             change = _change(transition, since.get(transition.node), snapshot.now)
-            _event(kube, transition)
+            _EVENTS.submit(_event, kube, transition)
         return _NodeResult(change, evicted, refused, deleted)
 
     if len(plan.transitions) <= 1:
