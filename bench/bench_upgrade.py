@@ -93,14 +93,41 @@ def _status(cluster: DevCluster) -> dict[str, Any]:
     return json.loads(out).get("status", {}) if out else {}
 
 
-def _wait(what: str, check: Any, timeout: float) -> None:
+def _wait(what: str, check: Any, timeout: float, cluster: DevCluster) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise SystemExit(
-                f"timed out after {timeout:.0f}s waiting for {what}: {_last}"
+                f"timed out after {timeout:.0f}s waiting for {what}: {_last}; "
+                f"the API server says: {_cluster_side(cluster)}"
             )
         time.sleep(0.5)
+
+
+def _cluster_side(cluster: DevCluster) -> dict[str, int]:
+    """What the cluster shows, to tell a stuck operator from a slow cluster."""
+    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    pods = json.loads(
+        cluster.kubectl(
+            "get", "pods", "-A", "-l", "gpuforge.io/component", "-o", "json"
+        ).stdout
+    )["items"]
+    return {
+        "nodes with nvidia.com/gpu": sum(
+            1
+            for n in nodes
+            if int((n["status"].get("capacity") or {}).get("nvidia.com/gpu", "0")) > 0
+        ),
+        "plugin pods": len(pods),
+        "plugin pods ready": sum(
+            1
+            for p in pods
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p["status"].get("conditions") or []
+            )
+        ),
+    }
 
 
 _last: Any = None
@@ -184,6 +211,7 @@ def main() -> None:
                 "the device plugin on every node",
                 lambda: _done(cluster, args.nodes, "devicePlugin"),
                 600,
+                cluster,
             )
             time.sleep(2)
             requests_before, seconds_before = _requests(port), _reconcile_seconds(port)
@@ -216,7 +244,12 @@ def main() -> None:
                 "-p",
                 '{"spec":{"mode":"dra"}}',
             )
-            _wait("every node on DRA", lambda: _done(cluster, args.nodes, "dra"), 1800)
+            _wait(
+                "every node on DRA",
+                lambda: _done(cluster, args.nodes, "dra"),
+                1800,
+                cluster,
+            )
             wall = time.monotonic() - started
             requests = _requests(port) - requests_before
             operator_seconds = _reconcile_seconds(port) - seconds_before

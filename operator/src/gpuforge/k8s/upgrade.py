@@ -130,7 +130,7 @@ class Applied:
 
 
 # Nodes are independent: their transitions are applied side by side (each node's own steps in order).
-APPLY_WORKERS = 32
+APPLY_WORKERS = 16
 # Events change no decision: they are posted in the background, so a pass does not wait for them.
 _EVENTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuforge-events")
 

@@ -84,10 +84,10 @@ async def test_informer_mirrors_configmaps_through_list_watch_resume_and_gone(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    # A version the server no longer has (compacted long ago): 410 Gone, so the informer lists again.
-    stale = Informer(source, "ConfigMap")
-    assert await stale._watch("1") == ""
     await source.close()
+    # A 410 Gone cannot be provoked reliably here: the API server's watch cache serves even versions etcd
+    # has compacted while they are in its window. The re-list on 410 (an ERROR event or an HTTP 410) is
+    # covered by tests/unit/k8s/test_informer.py.
 
 
 async def test_informer_follows_node_label_changes(dev_cluster: Any) -> None:
