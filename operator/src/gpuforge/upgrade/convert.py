@@ -48,11 +48,18 @@ class PolicyError(ValueError):
 class ConversionMemo:
     """Conversions of single objects kept from one snapshot to the next: an object with the same uid and
     resourceVersion converts to the same value, so a caller that builds a snapshot every pass from a
-    watch-fed cache converts only what changed. Bounded: emptied when it grows past `limit`."""
+    watch-fed cache converts only what changed. Holds what the last two snapshots used, no more."""
 
-    def __init__(self, limit: int = 100_000) -> None:
-        self.limit = limit
+    def __init__(self) -> None:
         self._items: dict[tuple[Any, ...], Any] = {}
+        self._previous: dict[tuple[Any, ...], Any] = {}
+
+    def next_snapshot(self) -> None:
+        """Forget what the snapshot before the last one used (objects since changed or gone)."""
+        self._previous, self._items = self._items, {}
+
+    def __len__(self) -> int:
+        return len(self._items) + len(self._previous)
 
     def get(self, obj: Mapping[str, Any], tag: tuple[Any, ...], make: Callable[[], _T]) -> _T:
         metadata = obj.get("metadata") or {}
@@ -60,14 +67,11 @@ class ConversionMemo:
         if not version:
             return make()
         key = (*tag, metadata.get("uid") or metadata.get("name"), version)
-        try:
-            value: _T = self._items[key]
-            return value
-        except KeyError:
-            pass
-        if len(self._items) >= self.limit:
-            self._items.clear()
-        value = self._items[key] = make()
+        if key in self._items:
+            found: _T = self._items[key]
+            return found
+        value: _T = self._previous[key] if key in self._previous else make()
+        self._items[key] = value
         return value
 
 
@@ -100,6 +104,7 @@ def snapshot_from_objects(
     ResourceSlices; `claims`: ResourceClaims, to see which pods hold an allocated GPU claim. `memo`
     (optional) reuses conversions of unchanged objects from earlier calls."""
     memo = memo if memo is not None else ConversionMemo()
+    memo.next_snapshot()
     wanted = set(names) if names is not None else None
     claim_holders = _claim_holders(claims, dra_driver)
     operands: dict[str, list[OperandPod]] = {}

@@ -65,8 +65,8 @@ def test_memo_gives_the_same_snapshot_and_follows_changes() -> None:
     assert by_name["b"].operands[0].ready
 
 
-def test_memo_is_bounded() -> None:
-    memo = ConversionMemo(limit=3)
-    for i in range(10):
-        memo.get({"metadata": {"uid": str(i), "resourceVersion": "1"}}, ("x",), str)
-    assert len(memo._items) <= 3
+def test_memo_keeps_only_what_recent_snapshots_used() -> None:
+    memo = ConversionMemo()
+    for rv in range(10):
+        snapshot_from_objects([node("a", str(rv))], [pod("pa", "a", str(100 + rv))], now=NOW, memo=memo)
+    assert len(memo) == 4  # node and pod of the last two snapshots
