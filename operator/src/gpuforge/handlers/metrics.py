@@ -17,6 +17,13 @@ RECONCILE_SECONDS = Histogram(
     ["stack"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+WAKE_DELAY_SECONDS = Histogram(
+    "gpuforge_reconcile_wake_delay_seconds",
+    "Time from the first change a pass reacts to (or the end of the previous pass, if later) to its start:"
+    " the debounce and any sleep the operator adds on top of its passes.",
+    ["stack"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 STACK_NODES = Gauge("gpuforge_stack_nodes", "Selected nodes per state.", ["stack", "state"])
 STACK_READY = Gauge("gpuforge_stack_ready", "1 when the GpuStack's Ready condition is True.", ["stack"])
 API_REQUESTS = Counter("gpuforge_api_requests_total", "Kubernetes API requests made.", ["verb", "resource"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ from gpuforge.constants import (
     STACK_LABEL,
     VERSION,
 )
+from gpuforge.k8s.quota import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +176,28 @@ class Kube:
             "private_key_path": config.key_file,
         }
 
+    def credentials(self) -> Credentials:
+        """The same server and credentials for aiohttp (the watch-fed cache runs on kopf's loop)."""
+        config = self._api.configuration
+        ssl_context: ssl.SSLContext | bool = False
+        if config.verify_ssl:
+            ssl_context = ssl.create_default_context(cafile=config.ssl_ca_cert)
+            if config.cert_file:
+                ssl_context.load_cert_chain(config.cert_file, config.key_file)
+        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
+            "authorization"
+        )
+        headers = {"Authorization": header} if header else {}
+        return Credentials(str(config.host), ssl_context, headers)
+
     # --- transport ---------------------------------------------------------------------------------
+
+    def count_request(self, verb: str, resource: str) -> None:
+        """Every request to the API server is counted here (watches and cache lists included)."""
+        with self._lock:
+            self.requests[(verb, resource)] += 1
+        if self._on_request is not None:
+            self._on_request(verb, resource)
 
     def _request(
         self,
@@ -185,12 +208,7 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Any:
-        resource_name = resource_of(path)
-        verb = rbac_verb(method, path)
-        with self._lock:
-            self.requests[(verb, resource_name)] += 1
-        if self._on_request is not None:
-            self._on_request(verb, resource_name)
+        self.count_request(rbac_verb(method, path), resource_of(path))
         url = self._api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json", "Content-Type": content_type}
         self._api.update_params_for_auth(headers, None, ["BearerToken"], path, method, body)
@@ -340,11 +358,13 @@ class Kube:
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
         self.patch_node(node, {"metadata": {"labels": dict(labels)}})
 
-    def patch_node(self, node: str, patch: Mapping[str, Any]) -> None:
-        """One JSON merge patch of a Node (labels, annotations, spec.unschedulable together)."""
-        self._request(
+    def patch_node(self, node: str, patch: Mapping[str, Any]) -> Obj:
+        """One JSON merge patch of a Node (labels, annotations, spec.unschedulable together); the Node
+        as written."""
+        result: Obj = self._request(
             "PATCH", f"/api/v1/nodes/{quote(node)}", body=patch, content_type="application/merge-patch+json"
         )
+        return result
 
     def evict_pod(self, namespace: str, name: str) -> bool:
         """Evict through the eviction API, so PodDisruptionBudgets hold. False: refused for now (429: a
@@ -364,13 +384,16 @@ class Kube:
             raise
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod (an outdated operand pod: its OnDelete DaemonSet recreates it); gone is fine."""
+    def delete_pod(self, namespace: str, name: str) -> Obj | None:
+        """Delete a pod (an outdated operand pod: its OnDelete DaemonSet recreates it); gone is fine.
+        Returns the pod as the server left it (being deleted), None when it was gone already."""
         try:
-            self._request("DELETE", _path("v1", "pods", namespace, name))
+            result: Obj | None = self._request("DELETE", _path("v1", "pods", namespace, name))
         except ApiError as err:
             if err.status != 404:
                 raise
+            return None
+        return result if result and result.get("kind") == "Pod" else None
 
     # --- events ----------------------------------------------------------------------------------------
 

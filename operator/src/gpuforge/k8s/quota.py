@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +25,7 @@ from gpuforge.api.gpuquota import API_VERSION as QUOTA_API_VERSION
 from gpuforge.api.gpuquota import KIND as QUOTA_KIND
 from gpuforge.api.gpuquota import PLURAL as QUOTA_PLURAL
 from gpuforge.constants import FIELD_MANAGER
+from gpuforge.k8s.informer import ChangeHandler, Informer
 
 log = logging.getLogger(__name__)
 
@@ -233,9 +234,13 @@ class QuotaApi:
         return items
 
     async def list_with_version(
-        self, kind: str, namespace: str | None = None, label_selector: str | None = None
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
-        params = {"labelSelector": label_selector} if label_selector else None
+        params = _selectors(label_selector, field_selector) or None
         result = await self._request("GET", RESOURCES[kind].path(namespace), params=params)
         if result is None:
             return [], ""
@@ -263,17 +268,21 @@ class QuotaApi:
         return await self._request("GET", Resource(prefix, plural, True).path(namespace, name))
 
     async def watch(
-        self, kind: str, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
+        self,
+        kind: str,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        field_selector: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Watch events ({type, object}) from `resource_version` until the server ends the stream."""
         params = {
+            **_selectors(label_selector, field_selector),
             "watch": "1",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
-        if label_selector:
-            params["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
         async with self._http().get(
             RESOURCES[kind].path().lstrip("/"), params=params, timeout=timeout
@@ -405,104 +414,16 @@ class QuotaApi:
         await self._request("DELETE", RESOURCES["ValidatingWebhookConfiguration"].path(name=name))
 
 
-def _resource_version(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    params = {}
+    if label_selector:
+        params["labelSelector"] = label_selector
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    return params
 
 
-def _newer(candidate: str, current: str) -> bool:
-    """Is `candidate` a later resourceVersion than `current`? Versions are opaque to clients, but etcd's
-    are increasing integers; anything else counts as newer (a stale copy only costs a 409 and a read)."""
-    if candidate.isdigit() and current.isdigit():
-        return int(candidate) > int(current)
-    return True
-
-
-ChangeHandler = Callable[[str, Mapping[str, Any]], None]
-
-
-class Informer:
-    """A list-then-watch mirror of one kind (optionally label-selected), keyed by (namespace, name).
-
-    Readers get the newest copy this process has seen, from the watch or from its own writes (`offer`).
-    A copy may lag the API server by a watch delivery: whoever writes from it must write with its
-    resourceVersion as precondition, so lag costs a 409 and a read, never a wrong write.
-    """
-
-    def __init__(
-        self,
-        api: QuotaApi,
-        kind: str,
-        label_selector: str | None = None,
-    ) -> None:
-        self.api = api
-        self.kind = kind
-        self.label_selector = label_selector
-        # Called with (event type, object) for every change, and ADDED for each object of a (re)list.
-        self.listeners: list[ChangeHandler] = []
-        self.store: dict[tuple[str, str], dict[str, Any]] = {}
-        self.synced = asyncio.Event()
-
-    @staticmethod
-    def key(obj: Mapping[str, Any]) -> tuple[str, str]:
-        metadata = obj.get("metadata") or {}
-        return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-
-    def get(self, name: str, namespace: str = "") -> dict[str, Any] | None:
-        return self.store.get((namespace, name))
-
-    def offer(self, obj: dict[str, Any]) -> None:
-        """Keep `obj` (e.g. the answer to our own write) unless a newer copy is known already."""
-        key = self.key(obj)
-        current = self.store.get(key)
-        if current is None or _newer(_resource_version(obj), _resource_version(current)):
-            self.store[key] = obj
-
-    def forget(self, name: str, namespace: str = "") -> None:
-        self.store.pop((namespace, name), None)
-
-    def _changed(self, event_type: str, obj: Mapping[str, Any]) -> None:
-        for listener in self.listeners:
-            listener(event_type, obj)
-
-    async def run(self) -> None:
-        """List, then watch from the list's version; on a watch error (410 Gone) list again. Forever."""
-        while True:
-            try:
-                items, version = await self.api.list_with_version(
-                    self.kind, label_selector=self.label_selector
-                )
-                listed = {self.key(item): item for item in items}
-                for key, old in self.store.items():
-                    if key not in listed:  # deleted while we were not watching
-                        self._changed("DELETED", old)
-                self.store = listed
-                self.synced.set()
-                for item in items:
-                    self._changed("ADDED", item)
-                while version:
-                    version = await self._watch(version)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # a failed list or watch is simply started again
-                log.debug("informer for %s restarts: %s", self.kind, error)
-                await asyncio.sleep(1.0)
-
-    async def _watch(self, version: str) -> str:
-        """Apply watch events; return the version to resume from, "" when a fresh list is needed."""
-        async for event in self.api.watch(self.kind, version, self.label_selector):
-            event_type, obj = str(event.get("type")), event.get("object") or {}
-            if event_type == "ERROR":  # usually 410 Gone: our version is too old to resume from
-                return ""
-            version = _resource_version(obj) or version
-            if event_type == "BOOKMARK":
-                continue
-            if event_type == "DELETED":
-                self.store.pop(self.key(obj), None)
-            else:
-                obj.setdefault("kind", self.kind)
-                self.offer(obj)
-            self._changed(event_type, obj)
-        return version
+__all__ = ["ApiError", "ChangeHandler", "Conflict", "Credentials", "Informer", "QuotaApi", "load_credentials"]
 
 
 def _message(text: str) -> str:

@@ -8,6 +8,7 @@ it again (after a crash, on a timer) converges on the same state.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -29,6 +30,7 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     STACK_LABEL,
 )
+from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import ApiError, Kube, Ref, node_facts, operand_pods, slices_per_node
 from gpuforge.k8s.quota_deploy import QuotaOutcome, reconcile_quota, remove_quota
 from gpuforge.k8s.upgrade import (
@@ -106,13 +108,22 @@ def _with_claims(kube: Kube, nodes: Sequence[NodeFacts], names: Sequence[str]) -
     ]
 
 
+_RENDERED: dict[str, list[Manifest]] = {}  # the last few renders: a pass renders what the last one did
+
+
 def _render_all(
     stack: GpuStack,
     operands: frozenset[Mode],
     dra_api: str | None,
     pinned: frozenset[tuple[Mode, str]] = frozenset(),
 ) -> list[Manifest]:
-    return render(RenderInput(stack, operands, dra_api, compat_data.load(), pinned))
+    """`render` is pure; the same inputs (the stack's spec, not its status) give the same manifests."""
+    key = repr((stack, sorted(operands), dra_api, sorted(pinned)))
+    if key not in _RENDERED:
+        if len(_RENDERED) >= 16:
+            _RENDERED.pop(next(iter(_RENDERED)))
+        _RENDERED[key] = render(RenderInput(stack, operands, dra_api, compat_data.load(), pinned))
+    return copy.deepcopy(_RENDERED[key])
 
 
 def _others_rendered(
@@ -141,7 +152,12 @@ class _Upgrade:
 
 
 def _upgrade(
-    kube: Kube, stack: GpuStack, body: Mapping[str, Any], view: ClusterView, placement: Placement
+    kube: Kube,
+    stack: GpuStack,
+    body: Mapping[str, Any],
+    view: ClusterView,
+    placement: Placement,
+    cache: ClusterCache | None,
 ) -> _Upgrade | None:
     """Plan the node moves of the stack and carry them out; None when the spec cannot be planned."""
     if not _renderable(placement):
@@ -153,7 +169,7 @@ def _upgrade(
     now = datetime.now(UTC)
     snapshot = snapshot_of(view, stack.name, placement.planned, now)
     plan = upgrade_plan(snapshot, desired_of(stack, placement.planned, compat_data.load()), policy)
-    applied = apply_plan(kube, plan, snapshot)
+    applied = apply_plan(kube, plan, snapshot, cache)
     failed = failures(plan, snapshot)
     problems = []
     if failed:
@@ -173,8 +189,10 @@ def _upgrade(
     return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress)
 
 
-def reconcile(kube: Kube, name: str) -> Outcome | None:
-    """One level-based pass over GpuStack `name`; None when it is gone or being deleted."""
+def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outcome | None:
+    """One level-based pass over GpuStack `name`; None when it is gone or being deleted. Nodes, pods,
+    slices and claims come from `cache` where it has synced (every decision is still made from one
+    snapshot of them), the GpuStacks and served versions from the API."""
     body = kube.get_stack(name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -183,7 +201,7 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
     stacks = kube.list_stacks()
     served = kube.served_versions()
     dra_api = compat.best_resource_api(served)
-    view = read_cluster(kube, dra_api, served)
+    view = read_cluster(kube, dra_api, served, cache)
     slices = slices_per_node(view.slices)
     nodes = [node_facts(item, slices) for item in view.nodes]
     pods = operand_pods(view.pods, stack.name)
@@ -193,7 +211,7 @@ def reconcile(kube: Kube, name: str) -> Outcome | None:
     error = None
     upgrade: _Upgrade | None = None
     try:
-        upgrade = _upgrade(kube, stack, body, view, placement)
+        upgrade = _upgrade(kube, stack, body, view, placement, cache)
         if upgrade is not None:
             labelled = len(upgrade.plan.transitions)
             after = labels_after(view.nodes, upgrade.plan)

@@ -19,8 +19,9 @@ from typing import Any
 from gpuforge import compat as compat_data
 from gpuforge.api.gpustack import GpuStack, Mode
 from gpuforge.constants import STACK_LABEL
+from gpuforge.k8s.cache import NODE, POD, Cached, ClusterCache
 from gpuforge.k8s.client import ApiError, Kube, Obj
-from gpuforge.upgrade.convert import snapshot_from_objects
+from gpuforge.upgrade.convert import ConversionMemo, snapshot_from_objects
 from gpuforge.upgrade.model import (
     FAILURE_ANNOTATION,
     IN_FLIGHT_STATES,
@@ -51,12 +52,16 @@ class ClusterView:
     served: frozenset[str]
 
 
-def read_cluster(kube: Kube, dra_api: str | None, served: frozenset[str]) -> ClusterView:
+def read_cluster(
+    kube: Kube, dra_api: str | None, served: frozenset[str], cache: ClusterCache | None = None
+) -> ClusterView:
+    """From the watch-fed cache where it has synced, else by listing."""
+    cached = cache.read(dra_api) if cache is not None else Cached(None, None, None, None)
     return ClusterView(
-        nodes=kube.list_node_objects(),
-        pods=kube.list_pods(),
-        slices=kube.list_gpu_slices(dra_api),
-        claims=kube.list_resource_claims(dra_api),
+        nodes=cached.nodes if cached.nodes is not None else kube.list_node_objects(),
+        pods=cached.pods if cached.pods is not None else kube.list_pods(),
+        slices=cached.slices if cached.slices is not None else kube.list_gpu_slices(dra_api),
+        claims=cached.claims if cached.claims is not None else kube.list_resource_claims(dra_api),
         served=served,
     )
 
@@ -99,7 +104,11 @@ def snapshot_of(view: ClusterView, stack: str, selected: Iterable[str], now: dat
         claims=view.claims,
         served_resource_versions=view.served,
         names=names,
+        memo=_MEMO,
     )
+
+
+_MEMO = ConversionMemo()  # objects from the watch-fed cache are converted once per resourceVersion
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,8 @@ class Applied:
 
 # Nodes are independent: their transitions are applied side by side (each node's own steps in order).
 APPLY_WORKERS = 16
+# Events change no decision: they are posted in the background, so a pass does not wait for them.
+_EVENTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuforge-events")
 
 
 @dataclass(frozen=True)
@@ -133,16 +144,21 @@ class _NodeResult:
     error: str | None = None
 
 
-def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot) -> Applied:
-    """Carry out `plan.transitions`; per node: one patch, then its pod actions, then one event."""
+def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot, cache: ClusterCache | None = None) -> Applied:
+    """Carry out `plan.transitions`; per node: one patch, then its pod actions, then one event. What the
+    server answers (the patched Node, a deleted pod) goes to the cache, so the next pass starts from it."""
     since = {n.name: n.state_since for n in snapshot.nodes}
+
+    def written(kind: str, obj: Obj | None) -> None:
+        if cache is not None:
+            cache.offer(kind, obj)
 
     def one(transition: Transition) -> _NodeResult:
         evicted = refused = deleted = 0
         try:
             patch = transition.node_patch()
             if patch:
-                kube.patch_node(transition.node, patch)
+                written(NODE, kube.patch_node(transition.node, patch))
             for action in transition.pod_actions:
                 if isinstance(action, EvictPods):
                     for ref in action.pods:
@@ -152,7 +168,7 @@ def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot) -> Applied:
                             refused += 1
                 elif isinstance(action, DeletePods):
                     for ref in action.pods:
-                        kube.delete_pod(ref.namespace, ref.name)
+                        written(POD, kube.delete_pod(ref.namespace, ref.name))
                         deleted += 1
         except ApiError as err:
             log.warning("upgrade step on node %s failed: %s", transition.node, err)
@@ -160,7 +176,7 @@ def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot) -> Applied:
         change = None
         if transition.changes_state:
             change = _change(transition, since.get(transition.node), snapshot.now)
-            _event(kube, transition)
+            _EVENTS.submit(_event, kube, transition)
         return _NodeResult(change, evicted, refused, deleted)
 
     if len(plan.transitions) <= 1:

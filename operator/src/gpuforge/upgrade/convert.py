@@ -6,9 +6,10 @@ a `Snapshot` here, and `spec.upgradePolicy` into a `Policy`. Nothing here talks 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from gpuforge.constants import COMPONENT_LABEL, DRA_DRIVER_GPU, GPU_RESOURCE
 from gpuforge.upgrade.labelselector import LabelSelector, SelectorError
@@ -29,6 +30,7 @@ from gpuforge.upgrade.model import (
     WorkloadPod,
 )
 
+_T = TypeVar("_T")
 _MODE_OF_COMPONENT = {component: mode for mode, component in COMPONENTS.items()}
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -43,6 +45,48 @@ class PolicyError(ValueError):
 # --- Snapshot ----------------------------------------------------------------------------------------
 
 
+class ConversionMemo:
+    """Conversions of single objects kept from one snapshot to the next: an object with the same uid and
+    resourceVersion converts to the same value, so a caller that builds a snapshot every pass from a
+    watch-fed cache converts only what changed. Holds what the last two snapshots used, no more."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[Any, ...], Any] = {}
+        self._previous: dict[tuple[Any, ...], Any] = {}
+
+    def next_snapshot(self) -> None:
+        """Forget what the snapshot before the last one used (objects since changed or gone)."""
+        self._previous, self._items = self._items, {}
+
+    def __len__(self) -> int:
+        return len(self._items) + len(self._previous)
+
+    def get(self, obj: Mapping[str, Any], tag: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+        metadata = obj.get("metadata") or {}
+        version = metadata.get("resourceVersion")
+        if not version:
+            return make()
+        key = (*tag, metadata.get("uid") or metadata.get("name"), version)
+        if key in self._items:
+            found: _T = self._items[key]
+            return found
+        value: _T = self._previous[key] if key in self._previous else make()
+        self._items[key] = value
+        return value
+
+
+def _node_base(node: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "labels": dict(_labels(node)),
+        "annotations": dict(_get(node, "metadata", "annotations") or {}),
+        "kubelet_version": _get(node, "status", "nodeInfo", "kubeletVersion") or "",
+        "ready": _condition(node, "Ready"),
+        "unschedulable": bool(_get(node, "spec", "unschedulable")),
+        "gpu_capacity": _gpu_count(_get(node, "status", "capacity")),
+        "gpu_allocatable": _gpu_count(_get(node, "status", "allocatable")),
+    }
+
+
 def snapshot_from_objects(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
@@ -53,10 +97,14 @@ def snapshot_from_objects(
     served_resource_versions: Collection[str] = ("v1",),
     names: Collection[str] | None = None,
     dra_driver: str = DRA_DRIVER_GPU,
+    memo: ConversionMemo | None = None,
 ) -> Snapshot:
     """Build the planner's snapshot. `nodes`: Node objects (only those in `names`, if given, are kept);
     `pods`: pods on those nodes (operand pods are recognised by gpuforge.io/component); `slices`:
-    ResourceSlices; `claims`: ResourceClaims, to see which pods hold an allocated GPU claim."""
+    ResourceSlices; `claims`: ResourceClaims, to see which pods hold an allocated GPU claim. `memo`
+    (optional) reuses conversions of unchanged objects from earlier calls."""
+    memo = memo if memo is not None else ConversionMemo()
+    memo.next_snapshot()
     wanted = set(names) if names is not None else None
     claim_holders = _claim_holders(claims, dra_driver)
     operands: dict[str, list[OperandPod]] = {}
@@ -69,9 +117,13 @@ def snapshot_from_objects(
             continue
         component = _labels(pod).get(COMPONENT_LABEL, "")
         if component in _MODE_OF_COMPONENT:
-            operands.setdefault(node_name, []).append(_operand(pod, _MODE_OF_COMPONENT[component]))
+            mode = _MODE_OF_COMPONENT[component]
+            operand = memo.get(pod, ("operand", mode), partial(_operand, pod, mode))
+            operands.setdefault(node_name, []).append(operand)
         else:
-            workloads.setdefault(node_name, []).append(_workload(pod, claim_holders))
+            holds = (_get(pod, "metadata", "uid") or "") in claim_holders
+            workload = memo.get(pod, ("workload", holds), partial(_workload, pod, claim_holders))
+            workloads.setdefault(node_name, []).append(workload)
     advertised: dict[str, dict[str, tuple[int, int]]] = {}
     for item in slices:
         node_name = _get(item, "spec", "nodeName")
@@ -85,16 +137,17 @@ def snapshot_from_objects(
         name = _get(node, "metadata", "name")
         if not name or (wanted is not None and name not in wanted):
             continue
+        base = memo.get(node, ("node",), partial(_node_base, node))
         gpu_nodes.append(
             GpuNode(
                 name=name,
-                labels=dict(_labels(node)),
-                annotations=dict(_get(node, "metadata", "annotations") or {}),
-                kubelet_version=_get(node, "status", "nodeInfo", "kubeletVersion") or "",
-                ready=_condition(node, "Ready"),
-                unschedulable=bool(_get(node, "spec", "unschedulable")),
-                gpu_capacity=_gpu_count(_get(node, "status", "capacity")),
-                gpu_allocatable=_gpu_count(_get(node, "status", "allocatable")),
+                labels=dict(base["labels"]),
+                annotations=dict(base["annotations"]),
+                kubelet_version=base["kubelet_version"],
+                ready=base["ready"],
+                unschedulable=base["unschedulable"],
+                gpu_capacity=base["gpu_capacity"],
+                gpu_allocatable=base["gpu_allocatable"],
                 slices=advertised.get(name, {}),
                 operands=tuple(sorted(operands.get(name, ()), key=lambda p: p.ref.name)),
                 pods=tuple(sorted(workloads.get(name, ()), key=lambda p: (p.ref.namespace, p.ref.name))),

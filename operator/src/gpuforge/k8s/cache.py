@@ -1,0 +1,224 @@
+"""The operator's watch-fed view of the cluster: Nodes, scheduled unfinished Pods, the GPU driver's
+ResourceSlices and ResourceClaims, each mirrored by one `gpuforge.k8s.informer.Informer` on kopf's loop.
+
+A reconcile pass (in a worker thread) reads its snapshot here instead of listing; a kind whose informer
+has not synced yet is listed as before, so the cache only ever saves requests. Changes that matter to the
+planner (not kubelet heartbeats) call `on_change`, which the handlers debounce into one pass. Our own
+writes are offered back to the store, so a pass right after a write sees it even before the watch does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuforge.constants import DRA_DRIVER_GPU, GPU_RESOURCE
+from gpuforge.k8s.client import RESOURCE_GROUP, Kube, Obj
+from gpuforge.k8s.informer import HttpSource, Informer, key_of, without_managed_fields
+
+log = logging.getLogger(__name__)
+
+NODE, POD, SLICE, CLAIM = "Node", "Pod", "ResourceSlice", "ResourceClaim"
+# Only pods bound to a node and not finished: a pod that finishes leaves the cache (a DELETED event).
+POD_FIELDS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+SLICE_FIELDS = f"spec.driver={DRA_DRIVER_GPU}"
+
+
+def _resource_paths(resource_api: str | None) -> dict[str, str]:
+    paths = {NODE: "/api/v1/nodes", POD: "/api/v1/pods"}
+    if resource_api is not None:
+        paths[SLICE] = f"/apis/{RESOURCE_GROUP}/{resource_api}/resourceslices"
+        paths[CLAIM] = f"/apis/{RESOURCE_GROUP}/{resource_api}/resourceclaims"
+    return paths
+
+
+def _trim_pod(pod: Obj) -> Obj:
+    """Container statuses are the bulk of a running pod and the planner never reads them."""
+    pod = without_managed_fields(pod)
+    status = pod.get("status")
+    if isinstance(status, dict) and ("containerStatuses" in status or "initContainerStatuses" in status):
+        trimmed = {k: v for k, v in status.items() if k not in ("containerStatuses", "initContainerStatuses")}
+        pod = {**pod, "status": trimmed}
+    return pod
+
+
+def _condition_status(obj: Mapping[str, Any], kind: str) -> str:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return str(condition.get("status"))
+    return ""
+
+
+def node_fingerprint(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the planner and placement read from a Node; heartbeats and timestamps change nothing here."""
+    meta, status = node.get("metadata") or {}, node.get("status") or {}
+    gpus = tuple(
+        (section, k, str(v))
+        for section in ("capacity", "allocatable")
+        for k, v in sorted((status.get(section) or {}).items())
+        if k == GPU_RESOURCE or k.startswith("nvidia.com/")
+    )
+    return (
+        json.dumps(meta.get("labels") or {}, sort_keys=True),
+        json.dumps(meta.get("annotations") or {}, sort_keys=True),
+        bool((node.get("spec") or {}).get("unschedulable")),
+        _condition_status(node, "Ready"),
+        (status.get("nodeInfo") or {}).get("kubeletVersion"),
+        gpus,
+    )
+
+
+def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return (
+        json.dumps(meta.get("labels") or {}, sort_keys=True),
+        bool(meta.get("deletionTimestamp")),
+        status.get("phase"),
+        _condition_status(pod, "Ready"),
+        bool(status.get("extendedResourceClaimStatus")),
+    )
+
+
+def _any_change(obj: Mapping[str, Any]) -> tuple[Any, ...]:
+    return ((obj.get("metadata") or {}).get("resourceVersion"),)
+
+
+FINGERPRINTS: dict[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]] = {
+    NODE: node_fingerprint,
+    POD: pod_fingerprint,
+    SLICE: _any_change,
+    CLAIM: _any_change,
+}
+
+
+class Relevance:
+    """Decides which watch events are worth a pass: the first sight of an object, its removal, or a change
+    of its fingerprint. No I/O."""
+
+    def __init__(self, fingerprint: Callable[[Mapping[str, Any]], tuple[Any, ...]]) -> None:
+        self._fingerprint = fingerprint
+        self._seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def __call__(self, event_type: str, obj: Mapping[str, Any]) -> bool:
+        key = key_of(obj)
+        if event_type == "DELETED":
+            return self._seen.pop(key, None) is not None
+        fingerprint = self._fingerprint(obj)
+        if self._seen.get(key) == fingerprint:
+            return False
+        self._seen[key] = fingerprint
+        return True
+
+
+@dataclass(frozen=True)
+class Cached:
+    """What the cache can answer now; None for a kind that has to be listed instead."""
+
+    nodes: list[Obj] | None
+    pods: list[Obj] | None
+    slices: list[Obj] | None
+    claims: list[Obj] | None
+
+
+class ClusterCache:
+    """Informers for the kinds a reconcile pass reads, started on the running loop by `start`."""
+
+    def __init__(self, kube: Kube, on_change: Callable[[], None], *, timeout_seconds: int = 300) -> None:
+        self._kube = kube
+        self._on_change = on_change
+        self._timeout_seconds = timeout_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._source: HttpSource | None = None
+        self._informers: dict[str, Informer] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.resource_api: str | None = None  # the resource.k8s.io version slices and claims are watched in
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        credentials = self._kube.credentials()
+        self._source = HttpSource(
+            credentials.server,
+            credentials.ssl_context,
+            credentials.headers,
+            _resource_paths(None),
+            on_request=self._kube.count_request,
+        )
+        self._run(NODE, Informer(self._source, NODE, transform=without_managed_fields))
+        self._run(POD, Informer(self._source, POD, field_selector=POD_FIELDS, transform=_trim_pod))
+
+    def _run(self, kind: str, informer: Informer) -> None:
+        informer.timeout_seconds = self._timeout_seconds
+        relevant = Relevance(FINGERPRINTS[kind])
+
+        def listener(event_type: str, obj: Mapping[str, Any]) -> None:
+            if relevant(event_type, obj):
+                self._on_change()
+
+        informer.listeners.append(listener)
+        self._informers[kind] = informer
+        self._tasks[kind] = asyncio.create_task(informer.run(), name=f"gpuforge-informer-{kind}")
+
+    def _stop(self, kind: str) -> None:
+        self._informers.pop(kind, None)
+        task = self._tasks.pop(kind, None)
+        if task is not None:
+            task.cancel()
+
+    def _use_resource_api(self, version: str | None) -> None:
+        """(On the loop.) Watch slices and claims in `version`, e.g. after the control plane moved from
+        v1beta1 to v1; stop watching them when DRA is not served."""
+        if version == self.resource_api or self._source is None:
+            return
+        log.info("watching ResourceSlices and ResourceClaims in resource.k8s.io/%s", version)
+        self._stop(SLICE)
+        self._stop(CLAIM)
+        self.resource_api = version
+        self._source.paths = _resource_paths(version)
+        if version is not None:
+            self._run(SLICE, Informer(self._source, SLICE, field_selector=SLICE_FIELDS))
+            self._run(CLAIM, Informer(self._source, CLAIM, transform=without_managed_fields))
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for kind in list(self._tasks):
+            self._stop(kind)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._source is not None:
+            await self._source.close()
+
+    async def wait_synced(self, timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout):
+                for informer in list(self._informers.values()):
+                    await informer.synced.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # --- from the reconcile thread -------------------------------------------------------------------
+
+    def _values(self, kind: str) -> list[Obj] | None:
+        informer = self._informers.get(kind)
+        if informer is None or not informer.synced.is_set():
+            return None
+        return informer.store.values()
+
+    def read(self, resource_api: str | None) -> Cached:
+        """The synced kinds' objects. Slices and claims come from here only when watched in
+        `resource_api`; otherwise the cache is told to switch and they are listed this time."""
+        if resource_api != self.resource_api and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._use_resource_api, resource_api)
+            return Cached(self._values(NODE), self._values(POD), None, None)
+        if resource_api is None:
+            return Cached(self._values(NODE), self._values(POD), [], [])
+        return Cached(self._values(NODE), self._values(POD), self._values(SLICE), self._values(CLAIM))
+
+    def offer(self, kind: str, obj: Obj | None) -> None:
+        """Our own write's answer (a patched Node, a deleted Pod): newer than what the watch has shown."""
+        informer = self._informers.get(kind)
+        if informer is not None and obj and obj.get("metadata"):
+            informer.offer(obj)

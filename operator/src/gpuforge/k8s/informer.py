@@ -1,0 +1,378 @@
+"""Watch-fed caches (informers): list a kind once, then follow its watch. The one implementation, shared by
+the GpuStack operator (Nodes, Pods, ResourceSlices, ResourceClaims) and the GpuQuota webhook.
+
+`Store` is the pure part (no I/O): objects by (namespace, name), resourceVersion bookkeeping so a late
+copy never replaces a newer one (our own write answers are `offer`ed, so a pass right after a write does
+not act on what it just changed), and a lock so a reconcile thread can read while the event loop writes.
+`Informer` runs on an asyncio loop: list, watch from the list's resourceVersion with bookmarks, resume
+after the server closes the stream, list again on 410 Gone, back off on errors. `HttpSource` is the
+aiohttp transport for arbitrary collections (the webhook's `QuotaApi` is another one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
+ChangeHandler = Callable[[str, Mapping[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
+Transform = Callable[[Obj], Obj]  # trims an object before it is stored (e.g. drops managedFields)
+RequestHook = Callable[[str, str], None]  # (verb, resource), as `gpuforge.k8s.client` counts them
+
+GONE = 410
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def newer(candidate: str, current: str) -> bool:
+    """Is `candidate` a later resourceVersion than `current`? Versions are opaque to clients, but etcd's
+    are increasing integers; anything else counts as newer (a stale copy only costs a 409 and a read)."""
+    if candidate.isdigit() and current.isdigit():
+        return int(candidate) > int(current)
+    return True
+
+
+def without_managed_fields(obj: Obj) -> Obj:
+    """managedFields are most of a Node's bytes and nobody here reads them."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict) and "managedFields" in metadata:
+        obj = {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+    return obj
+
+
+class Store:
+    """Objects of one kind by key. Stored objects are never changed in place (each change replaces the
+    object), so readers may keep the references `values()` returns. Safe to use from several threads."""
+
+    MAX_TOMBSTONES = 4096
+
+    def __init__(self, transform: Transform | None = None) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[Key, Obj] = {}
+        # resourceVersion at deletion of recently deleted objects: a write answer that arrives after the
+        # watch reported the deletion (a deleted pod's last copy) must not bring the object back.
+        self._deleted: dict[Key, str] = {}
+        self._transform = transform
+
+    def get(self, key: Key) -> Obj | None:
+        return self._items.get(key)
+
+    def values(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def _prepared(self, obj: Obj) -> Obj:
+        return self._transform(obj) if self._transform is not None else obj
+
+    def offer(self, obj: Obj) -> bool:
+        """Keep `obj` unless a newer copy is stored already; True when it was kept."""
+        key, version = key_of(obj), resource_version(obj)
+        with self._lock:
+            current = self._items.get(key)
+            if current is not None and not newer(version, resource_version(current)):
+                return False
+            deleted_at = self._deleted.get(key)
+            if deleted_at is not None:
+                if not newer(version, deleted_at):
+                    return False
+                del self._deleted[key]  # created again since
+            self._items[key] = self._prepared(obj)
+            return True
+
+    def apply(self, event_type: str, obj: Obj) -> bool:
+        """A watch event; True when the store changed."""
+        if event_type == "DELETED":
+            return self.forget(key_of(obj), resource_version(obj)) is not None
+        return self.offer(obj)
+
+    def forget(self, key: Key, version: str = "") -> Obj | None:
+        """Drop an object; with the resourceVersion of its deletion, older copies are refused later."""
+        with self._lock:
+            if version:
+                self._deleted[key] = version
+                if len(self._deleted) > self.MAX_TOMBSTONES:  # the oldest half is long settled
+                    for old in list(self._deleted)[: self.MAX_TOMBSTONES // 2]:
+                        del self._deleted[old]
+            return self._items.pop(key, None)
+
+    def replace(self, items: Iterable[Obj]) -> list[Obj]:
+        """The result of a (re)list; returns the objects that are gone since. A stored copy newer than the
+        listed one (our own write, answered after the list was served) is kept."""
+        with self._lock:
+            listed: dict[Key, Obj] = {}
+            for item in items:
+                key = key_of(item)
+                current = self._items.get(key)
+                if current is not None and not newer(resource_version(item), resource_version(current)):
+                    listed[key] = current
+                else:
+                    listed[key] = self._prepared(item)
+            gone = [obj for key, obj in self._items.items() if key not in listed]
+            self._items = listed
+            self._deleted.clear()  # the list is the truth now
+            return gone
+
+
+class WatchSource(Protocol):
+    """Lists and watches one kind; `gpuforge.k8s.quota.QuotaApi` and `HttpSource` are two."""
+
+    async def list_with_version(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[Obj], str]: ...
+
+    def watch(
+        self,
+        kind: str,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        field_selector: str | None = None,
+    ) -> AsyncIterator[Obj]: ...
+
+
+class Informer:
+    """A list-then-watch mirror of one kind (optionally label/field-selected), keyed by (namespace, name).
+
+    Readers get the newest copy this process has seen, from the watch or from its own writes (`offer`).
+    A copy may lag the API server by a watch delivery: whoever writes from it must write with its
+    resourceVersion as precondition, or plan so that repeating a step is harmless.
+    """
+
+    def __init__(
+        self,
+        api: WatchSource,
+        kind: str,
+        label_selector: str | None = None,
+        *,
+        field_selector: str | None = None,
+        transform: Transform | None = None,
+        timeout_seconds: int = 300,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.api = api
+        self.kind = kind
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.timeout_seconds = timeout_seconds
+        self.max_backoff = max_backoff
+        # Called with (event type, object) for every change, and ADDED for each object of a (re)list.
+        self.listeners: list[ChangeHandler] = []
+        self.store = Store(transform)
+        self.synced = asyncio.Event()
+        self.resource_version = ""  # where the watch resumes from
+        self.lists = 0  # how many times the kind was listed (1 + re-lists)
+
+    key = staticmethod(key_of)
+
+    def get(self, name: str, namespace: str = "") -> Obj | None:
+        return self.store.get((namespace, name))
+
+    def offer(self, obj: Obj) -> None:
+        """Keep `obj` (e.g. the answer to our own write) unless a newer copy is known already."""
+        self.store.offer(obj)
+
+    def forget(self, name: str, namespace: str = "") -> None:
+        self.store.forget((namespace, name))
+
+    def _changed(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        for listener in self.listeners:
+            try:
+                listener(event_type, obj)
+            except Exception:  # a listener's bug must not stop the cache
+                log.exception("listener of the %s informer failed", self.kind)
+
+    async def run(self) -> None:
+        """List, then watch from the list's version; on 410 Gone list again; on errors back off. Forever."""
+        backoff = 0.0
+        while True:
+            try:
+                await self._list()
+                backoff = 0.0
+                while self.resource_version:
+                    self.resource_version = await self._watch(self.resource_version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # a failed list or watch is simply started again
+                if getattr(error, "status", None) == GONE:
+                    log.debug("watch of %s expired (410 Gone): listing again", self.kind)
+                    continue
+                backoff = min(self.max_backoff, backoff * 2 or 0.5)
+                log.info("%s informer restarts in %.1fs: %s", self.kind, backoff, error)
+                await asyncio.sleep(backoff)
+
+    async def _list(self) -> None:
+        items, version = await self.api.list_with_version(
+            self.kind, label_selector=self.label_selector, field_selector=self.field_selector
+        )
+        self.lists += 1
+        for item in items:
+            item.setdefault("kind", self.kind)
+        for old in self.store.replace(items):  # deleted while we were not watching
+            self._changed("DELETED", old)
+        self.resource_version = version
+        self.synced.set()
+        for item in items:
+            self._changed("ADDED", item)
+
+    async def _watch(self, version: str) -> str:
+        """Apply watch events; return the version to resume from, "" when a fresh list is needed."""
+        async for event in self.api.watch(
+            self.kind, version, self.label_selector, self.timeout_seconds, self.field_selector
+        ):
+            event_type, obj = str(event.get("type")), event.get("object") or {}
+            if event_type == "ERROR":  # usually 410 Gone: our version is too old to resume from
+                log.debug("watch of %s ended: %s", self.kind, obj.get("message"))
+                return ""
+            version = resource_version(obj) or version
+            if event_type == "BOOKMARK":
+                continue
+            obj.setdefault("kind", self.kind)
+            self.store.apply(event_type, obj)
+            self._changed(event_type, obj)
+        return version
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class HttpSource:
+    """List and watch collections over aiohttp (on the caller's event loop). `paths` maps a kind to its
+    collection path, e.g. {"Node": "/api/v1/nodes"}; lists are read in pages of `page_size`."""
+
+    def __init__(
+        self,
+        server: str,
+        ssl_context: ssl.SSLContext | bool,
+        headers: Mapping[str, str],
+        paths: Mapping[str, str],
+        *,
+        on_request: RequestHook | None = None,
+        page_size: int = 500,
+    ) -> None:
+        self.server = server.rstrip("/") + "/"
+        self.ssl_context = ssl_context
+        self.headers = {**headers, "Accept": "application/json"}
+        self.paths = dict(paths)
+        self.on_request = on_request
+        self.page_size = page_size
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                base_url=self.server,
+                connector=aiohttp.TCPConnector(ssl=self.ssl_context, limit=16),
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=60),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _count(self, verb: str, kind: str) -> None:
+        if self.on_request is not None:
+            self.on_request(verb, self.paths[kind].rstrip("/").rsplit("/", 1)[-1])
+
+    @staticmethod
+    def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+        params = {}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        return params
+
+    async def list_with_version(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[Obj], str]:
+        if namespace:
+            raise ValueError("HttpSource lists whole collections")
+        params = {**self._selectors(label_selector, field_selector), "limit": str(self.page_size)}
+        items: list[Obj] = []
+        while True:
+            self._count("list", kind)
+            async with self._http().get(self.paths[kind].lstrip("/"), params=params) as response:
+                text = await response.text()
+                if response.status >= 400:
+                    raise HttpError(response.status, _message(text))
+            page = json.loads(text)
+            items.extend(page.get("items") or [])
+            metadata = page.get("metadata") or {}
+            if not metadata.get("continue"):
+                return items, str(metadata.get("resourceVersion") or "")
+            params["continue"] = metadata["continue"]
+
+    async def watch(
+        self,
+        kind: str,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        field_selector: str | None = None,
+    ) -> AsyncIterator[Obj]:
+        params = {
+            **self._selectors(label_selector, field_selector),
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        self._count("watch", kind)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
+        async with self._http().get(self.paths[kind].lstrip("/"), params=params, timeout=timeout) as response:
+            if response.status >= 400:
+                raise HttpError(response.status, _message(await response.text()))
+            # Lines can be longer than aiohttp's default line limit (a Node is tens of kB): read by chunk.
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+
+
+def _message(text: str) -> str:
+    try:
+        return str(json.loads(text).get("message", text))
+    except (ValueError, AttributeError):
+        return text[:500]

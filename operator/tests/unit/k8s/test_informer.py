@@ -1,0 +1,219 @@
+"""The informer's bookkeeping without a cluster: Store merges, resourceVersion order, tombstones, the
+list/watch/re-list loop driven by a scripted source, and which changes wake the operator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gpuforge.k8s import quota
+from gpuforge.k8s.cache import Relevance, node_fingerprint, pod_fingerprint
+from gpuforge.k8s.informer import HttpError, Informer, Store, key_of, newer, without_managed_fields
+
+
+def obj(name: str, rv: str, namespace: str = "", **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": rv}, **extra}
+
+
+@pytest.mark.parametrize(
+    ("candidate", "current", "expected"),
+    [
+        ("11", "10", True),
+        ("10", "10", False),
+        ("9", "10", False),
+        ("100", "99", True),  # numeric, not lexical
+        ("", "10", True),  # unknown versions count as newer: a stale copy costs a 409, not a wrong write
+        ("abc", "10", True),
+    ],
+)
+def test_newer(candidate: str, current: str, expected: bool) -> None:
+    assert newer(candidate, current) is expected
+
+
+@pytest.mark.parametrize(
+    ("stored", "offered", "kept"),
+    [(None, "5", "5"), ("5", "6", "6"), ("6", "5", "6"), ("6", "6", "6")],
+)
+def test_offer_keeps_the_newest(stored: str | None, offered: str, kept: str) -> None:
+    store = Store()
+    if stored:
+        store.offer(obj("a", stored))
+    store.offer(obj("a", offered))
+    assert store.get(("", "a")) == obj("a", kept)
+
+
+def test_a_late_copy_does_not_bring_a_deleted_object_back() -> None:
+    store = Store()
+    store.offer(obj("p", "5", "ns"))
+    assert store.apply("DELETED", obj("p", "8", "ns"))
+    assert not store.offer(obj("p", "7", "ns"))  # e.g. the answer to our DELETE, after the watch's event
+    assert ("ns", "p") not in store
+    assert store.offer(obj("p", "9", "ns"))  # created again since
+    assert store.get(("ns", "p")) == obj("p", "9", "ns")
+
+
+def test_tombstones_are_bounded() -> None:
+    store = Store()
+    for i in range(Store.MAX_TOMBSTONES + 10):
+        store.forget(("", f"n{i}"), str(i + 1))
+    assert len(store._deleted) <= Store.MAX_TOMBSTONES
+
+
+def test_replace_reports_what_is_gone_and_keeps_newer_own_writes() -> None:
+    store = Store()
+    store.offer(obj("a", "5"))
+    store.offer(obj("b", "20"))  # our write, answered after the list below was served
+    store.offer(obj("c", "3"))
+    gone = store.replace([obj("a", "6"), obj("b", "10")])
+    assert [key_of(o) for o in gone] == [("", "c")]
+    assert store.get(("", "a")) == obj("a", "6")
+    assert store.get(("", "b")) == obj("b", "20")
+    assert len(store) == 2
+
+
+def test_transform_applies_to_every_stored_copy() -> None:
+    store = Store(without_managed_fields)
+    node = obj("n", "1")
+    node["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    store.offer(node)
+    assert "managedFields" not in store.get(("", "n"))["metadata"]  # type: ignore[index]
+    assert "managedFields" in node["metadata"]  # the caller's object is left alone
+
+
+def test_the_quota_module_reexports_the_one_informer() -> None:
+    assert quota.Informer is Informer
+
+
+class ScriptedSource:
+    """A WatchSource playing back lists and watch streams; each watch call takes the next script."""
+
+    def __init__(self, lists: list[tuple[list[dict[str, Any]], str]], watches: list[Any]) -> None:
+        self.lists = lists
+        self.watches = watches
+        self.calls: list[tuple[str, str]] = []
+
+    async def list_with_version(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        self.calls.append(("list", field_selector or ""))
+        items, version = self.lists.pop(0)
+        return [dict(i) for i in items], version
+
+    async def watch(
+        self,
+        kind: str,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        field_selector: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        self.calls.append(("watch", resource_version))
+        if not self.watches:
+            await asyncio.Event().wait()  # nothing more: block like an idle watch
+        script = self.watches.pop(0)
+        if isinstance(script, Exception):
+            raise script
+        for event in script:
+            yield event
+
+
+async def _run_until(informer: Informer, done: Any) -> None:
+    task = asyncio.create_task(informer.run())
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if done():
+                return
+        raise AssertionError("informer did not get there")
+    finally:
+        task.cancel()
+
+
+async def test_list_watch_bookmark_and_relist_on_gone() -> None:
+    source = ScriptedSource(
+        lists=[([obj("a", "1"), obj("b", "2")], "10"), ([obj("a", "30")], "31")],
+        watches=[
+            [
+                {"type": "MODIFIED", "object": obj("a", "11")},
+                {"type": "BOOKMARK", "object": obj("", "15")},
+            ],  # the server closed the stream: resume from the bookmark
+            [
+                {"type": "DELETED", "object": obj("b", "16")},
+                {"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}},
+            ],
+        ],
+    )
+    informer = Informer(source, "Node", field_selector="x!=")
+    seen: list[tuple[str, str]] = []
+    informer.listeners.append(lambda t, o: seen.append((t, o["metadata"]["name"])))
+    await _run_until(informer, lambda: informer.lists == 2 and source.calls[-1] == ("watch", "31"))
+    assert source.calls == [
+        ("list", "x!="),
+        ("watch", "10"),
+        ("watch", "15"),
+        ("list", "x!="),
+        ("watch", "31"),
+    ]
+    assert informer.get("a") == {**obj("a", "30"), "kind": "Node"}
+    assert informer.get("b") is None
+    assert seen == [("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b"), ("ADDED", "a")]
+    assert informer.synced.is_set()
+
+
+async def test_an_http_410_lists_again_at_once() -> None:
+    source = ScriptedSource(
+        lists=[([obj("a", "1")], "10"), ([obj("a", "40")], "41")],
+        watches=[HttpError(410, "Gone")],
+    )
+    informer = Informer(source, "Pod")
+    await _run_until(informer, lambda: informer.lists == 2)
+    assert informer.get("a") == {**obj("a", "40"), "kind": "Pod"}
+
+
+async def test_errors_back_off_and_retry() -> None:
+    source = ScriptedSource(lists=[([obj("a", "1")], "10")] * 2, watches=[HttpError(500, "boom")])
+    informer = Informer(source, "Pod", max_backoff=0.05)
+    await _run_until(informer, lambda: informer.lists == 2)
+
+
+def node(
+    labels: dict[str, str], ready: str = "True", heartbeat: str = "t0", gpus: str = "4"
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n1", "labels": labels, "resourceVersion": heartbeat},
+        "spec": {},
+        "status": {
+            "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}],
+            "capacity": {"nvidia.com/gpu": gpus, "cpu": "8"},
+            "nodeInfo": {"kubeletVersion": "v1.34.2"},
+        },
+    }
+
+
+def test_heartbeats_do_not_wake_the_operator_but_real_changes_do() -> None:
+    relevant = Relevance(node_fingerprint)
+    assert relevant("ADDED", node({"a": "1"}))
+    assert not relevant("MODIFIED", node({"a": "1"}, heartbeat="t1"))
+    assert relevant("MODIFIED", node({"a": "2"}, heartbeat="t2"))
+    assert relevant("MODIFIED", node({"a": "2"}, ready="False"))
+    assert relevant("MODIFIED", node({"a": "2"}, ready="False", gpus="0"))
+    assert relevant("DELETED", node({}))
+    assert not relevant("DELETED", node({}))  # already gone
+
+
+def test_pod_readiness_and_deletion_wake_the_operator() -> None:
+    relevant = Relevance(pod_fingerprint)
+    pod: dict[str, Any] = {"metadata": {"name": "p", "namespace": "ns"}, "status": {"phase": "Pending"}}
+    assert relevant("ADDED", pod)
+    running = {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    assert relevant("MODIFIED", running)
+    assert not relevant("MODIFIED", running)
+    deleting = {**running, "metadata": {**running["metadata"], "deletionTimestamp": "now"}}
+    assert relevant("MODIFIED", deleting)
