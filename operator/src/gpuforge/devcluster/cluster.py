@@ -406,6 +406,11 @@ class DevCluster:
                 "--kube-api-qps=1000",
                 "--kube-api-burst=2000",
                 "--concurrent-daemonset-syncs=4",
+                # Simulated nodes go NotReady only when told to (kwok sets the condition at once); on a
+                # loaded machine their lease renewals can lag past the 50 s default, and the node
+                # lifecycle controller would then mark plugin pods NotReady for good (kwok's stages
+                # never make a Running pod Ready again).
+                "--node-monitor-grace-period=300s",
                 *([f"--feature-gates={component_gates}"] if component_gates else []),
                 "--v=1",
             ]
