@@ -41,11 +41,11 @@ from gpuforge.render.certs import (
     signed_by,
 )
 
-from ..upgrade.helpers import (
+from ..operator_process import (
     DEPLOY,
     Operator,
-    _free_port,
     condition,
+    free_port,
     kube_json,
     operator_factory,
     stack_status,
@@ -311,7 +311,7 @@ def external_webhook(cluster: Any, tmp_path: Path) -> Iterator[tuple[str, bytes]
     pair = issue_serving_cert(ca, ["127.0.0.1"], now)
     (tmp_path / "tls.crt").write_bytes(pair.cert_pem)
     (tmp_path / "tls.key").write_bytes(pair.key_pem)
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "webhook.log"
     command = [
         sys.executable, "-m", "gpuforge", "webhook", "run",
