@@ -189,12 +189,12 @@ def test_operator_killed_during_a_rollout_resumes_and_completes(cluster: Any, op
         merge_patch_stack(cluster, "gpus", {"spec": {"mode": "dra"}})
         deadline = time.monotonic() + ROLLOUT_TIMEOUT
         while time.monotonic() < deadline:
-            time.sleep(rng.uniform(1.0, 8.0))
+            time.sleep(rng.uniform(0.5, 4.0))  # the operator moves 3 nodes in seconds: kill it often
             if rolled_out(cluster, "dra"):
                 break
             operator.kill()
             kills += 1
-            time.sleep(rng.uniform(0.0, 2.0))
+            time.sleep(rng.uniform(0.0, 1.0))
             operator.start()
         wait_for("every node on DRA", lambda: rolled_out(cluster, "dra"), timeout=ROLLOUT_TIMEOUT, interval=2)
     assert kills >= 5, f"only {kills} kills before the rollout completed"
