@@ -52,7 +52,7 @@ def _cached_noop(kube: Kube) -> tuple[float, int]:
     def on_loop(coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result(120)
 
-    cache = ClusterCache(kube, lambda: None)
+    cache = ClusterCache(kube, lambda _node: None)
     try:
         on_loop(cache.start())
         reconcile(

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from prometheus_client import Counter, Gauge, Histogram
 
 from gpuforge.k8s.stack import Outcome
+from gpuforge.k8s.upgrade import Applied
 from gpuforge.upgrade.model import NodeState
 
 RECONCILES = Counter("gpuforge_reconciles_total", "GpuStack reconcile passes.", ["stack", "result"])
@@ -23,6 +24,28 @@ WAKE_DELAY_SECONDS = Histogram(
     " the debounce and any sleep the operator adds on top of its passes.",
     ["stack"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PHASE_SECONDS = Histogram(
+    "gpuforge_reconcile_phase_seconds",
+    "Wall time of each part of a reconcile pass: read (stack, cache, placement), plan (snapshot and"
+    " planner), nodes (node patches and pod actions), operands (render, apply, prune), status.",
+    ["stack", "phase"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+QUICK_STEP_SECONDS = Histogram(
+    "gpuforge_quick_step_seconds",
+    "Wall time of quick steps: the next step of just the nodes that changed, between whole passes.",
+    ["stack"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+STEP_REACTION_SECONDS = Histogram(
+    "gpuforge_upgrade_step_reaction_seconds",
+    "Time the operator adds to a node's upgrade, per step: from the latest change about the node (its"
+    " Node, pods or ResourceSlices; for an admission, the change that woke the pass) reaching the operator"
+    " to the step's node patch landing (step: the state entered). Debounce, waiting for a running pass"
+    " and the pass itself are included.",
+    ["stack", "step"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
 )
 STACK_NODES = Gauge("gpuforge_stack_nodes", "Selected nodes per state.", ["stack", "state"])
 STACK_READY = Gauge("gpuforge_stack_ready", "1 when the GpuStack's Ready condition is True.", ["stack"])
@@ -41,13 +64,23 @@ UPGRADE_FAILED = Gauge("gpuforge_upgrade_failed_nodes", "Nodes failed on the cur
 
 
 def record_upgrade(stack: str, outcome: Outcome) -> None:
+    for phase, seconds in outcome.phases.items():
+        PHASE_SECONDS.labels(stack, phase).observe(seconds)
     if outcome.plan is None:
         return
     counts = outcome.plan.counts()
     for state in NodeState:
         UPGRADE_NODES.labels(stack, state.value).set(counts.get(state, 0))
     UPGRADE_FAILED.labels(stack).set(len(outcome.plan.failed))
-    for change in outcome.upgrade.changes if outcome.upgrade else ():
+    if outcome.upgrade is not None:
+        record_applied(stack, outcome.upgrade)
+
+
+def record_applied(stack: str, applied: Applied) -> None:
+    """State changes made, by a whole pass or by quick steps."""
+    for step, seconds in applied.reactions:
+        STEP_REACTION_SECONDS.labels(stack, step).observe(seconds)
+    for change in applied.changes:
         UPGRADE_TRANSITIONS.labels(stack, change.from_state or "none", change.to_state or "none").inc()
         if change.from_state and change.seconds_in_previous is not None:
             UPGRADE_STEP_SECONDS.labels(stack, change.from_state).observe(change.seconds_in_previous)

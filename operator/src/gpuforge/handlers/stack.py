@@ -3,8 +3,11 @@
 Level-based: one daemon per GpuStack reconciles from a snapshot of the cluster, then sleeps until
 something the planner reads changes (the watch-fed `ClusterCache` says so; a burst of changes is
 debounced into one pass) or a spec changes, with a slow resync as a safety net (5 s while nodes are
-moving, 30 s when settled). Create/update/resume only wake the daemon, so a restarted operator simply
-starts reconciling again from what is in the cluster.
+moving, 30 s when settled). While nodes are in flight, a change about one node is acted on at once by a
+quick step for that node alone (`gpuforge.upgrade.advance`: what the whole plan would do for it, never
+starting a node), and whole passes, which also admit nodes and write the status, come every few seconds.
+Create/update/resume only wake the daemon, so a restarted operator simply starts reconciling again from
+what is in the cluster.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -23,6 +27,7 @@ from gpuforge.handlers import metrics
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
 from gpuforge.k8s.stack import Outcome, cleanup, reconcile
+from gpuforge.k8s.upgrade import StepContext, quick_steps
 
 log = logging.getLogger("gpuforge.operator")
 
@@ -30,6 +35,11 @@ BUSY_RESYNC = 5.0  # a moving rollout is looked at this often even when nothing 
 IDLE_RESYNC = 30.0  # level-based resync of a settled stack (drift, served API versions)
 ERROR_INTERVAL = 5.0
 DEBOUNCE = 0.2  # after a change, wait this long for the rest of its burst (a batch of 100 node updates)
+QUICK_DEBOUNCE = 0.02  # while nodes are in flight: a node's change is acted on this soon, for that node
+# While nodes are in flight: a whole pass follows the previous one's end after at most this long when
+# something changed. Quick steps move nodes and fill freed slots in between; whole passes refresh the
+# status and the operands and catch anything else, and must not crowd the quick steps out.
+WHOLE_PASS_EVERY = 5.0
 SYNC_TIMEOUT = 30.0  # the first pass waits this long for the cache, then lists whatever is not synced
 
 
@@ -54,22 +64,30 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 class Wake:
     """One daemon's alarm: set by changes, cleared when a pass starts; remembers when it was first set
-    since the last pass, to measure how long a change waited for the pass that saw it."""
+    since the last pass (to measure how long a change waited for the pass that saw it), which nodes the
+    changes were about (for quick steps), and whether the GpuStack itself changed (a whole pass, then)."""
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.since: float | None = None
+        self.nodes: set[str] = set()
+        self.whole = False
 
-    def set(self) -> None:
+    def ring(self, node: str | None = None, *, whole: bool = False) -> None:
         if self.since is None:
             self.since = time.monotonic()
+        if node is not None:
+            self.nodes.add(node)
+        self.whole = self.whole or whole
         self.event.set()
 
-    def take(self) -> float | None:
-        """Clear; the moment of the first change since the last take, if any."""
-        since, self.since = self.since, None
+    def take(self) -> tuple[float | None, set[str], bool]:
+        """Clear; the moment of the first change since the last take, the nodes changed, whether
+        something other than a node changed."""
+        taken = (self.since, self.nodes, self.whole)
+        self.since, self.nodes, self.whole = None, set(), False
         self.event.clear()
-        return since
+        return taken
 
 
 def _wakes(memo: kopf.Memo) -> set[Wake]:
@@ -79,15 +97,15 @@ def _wakes(memo: kopf.Memo) -> set[Wake]:
     return wakes
 
 
-def _wake_all(memo: kopf.Memo) -> None:
+def _wake_all(memo: kopf.Memo, node: str | None = None, *, whole: bool = False) -> None:
     for wake in _wakes(memo):
-        wake.set()
+        wake.ring(node, whole=whole)
 
 
 @kopf.on.startup()
 async def start_cache(memo: kopf.Memo, **_: Any) -> None:
     """The watch-fed cache of nodes, pods, slices and claims, shared by every GpuStack's passes."""
-    cache = ClusterCache(memo["kube"], lambda: _wake_all(memo))
+    cache = ClusterCache(memo["kube"], lambda node: _wake_all(memo, node))
     await cache.start()
     memo["cache"] = cache
 
@@ -103,13 +121,13 @@ async def stop_cache(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def changed(memo: kopf.Memo, **_: Any) -> None:
-    _wake_all(memo)
+    _wake_all(memo, whole=True)
 
 
-def _pass(kube: Kube, name: str, cache: ClusterCache | None) -> Outcome | None:
+def _pass(kube: Kube, name: str, cache: ClusterCache | None, woken_at: float | None) -> Outcome | None:
     started = time.monotonic()
     try:
-        outcome = reconcile(kube, name, cache)
+        outcome = reconcile(kube, name, cache, woken_at)
     except Exception:
         metrics.RECONCILES.labels(name, "error").inc()
         raise
@@ -131,7 +149,33 @@ def _pass(kube: Kube, name: str, cache: ClusterCache | None) -> Outcome | None:
     return outcome
 
 
-async def _sleep(wake: Wake, stopped: kopf.DaemonStopped, seconds: float) -> None:
+def _quick(
+    kube: Kube,
+    name: str,
+    context: StepContext,
+    nodes: set[str],
+    cache: ClusterCache,
+    woken_at: float | None,
+) -> bool:
+    """Quick steps for the nodes that changed; False when they cannot be made (cache not synced)."""
+    started = time.monotonic()
+    applied = quick_steps(kube, context, nodes, cache, woken_at, datetime.now(UTC))
+    metrics.QUICK_STEP_SECONDS.labels(name).observe(time.monotonic() - started)
+    if applied is None:
+        return False
+    if applied.transitions:
+        metrics.record_applied(name, applied)
+        log.info(
+            "GpuStack %s: quick steps on %d of %d changed node(s)",
+            name,
+            applied.transitions,
+            len(nodes),
+            extra={"stack": name},
+        )
+    return True
+
+
+async def _sleep(wake: Wake, stopped: kopf.DaemonStopped, seconds: float, debounce: float) -> None:
     """Until woken (then a short debounce), stopped, or `seconds` have passed."""
     deadline = time.monotonic() + seconds
     while not stopped and not wake.event.is_set():
@@ -143,11 +187,14 @@ async def _sleep(wake: Wake, stopped: kopf.DaemonStopped, seconds: float) -> Non
         except TimeoutError:
             continue
     if wake.event.is_set() and not stopped:
-        await asyncio.sleep(DEBOUNCE)
+        await asyncio.sleep(debounce)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30)
 async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
+    """Whole passes on changes (debounced), on spec changes at once, and on timers. While nodes are in
+    flight, a change about a node is acted on at once by a quick step for that node alone, and whole
+    passes (which also admit nodes and write the status) come every WHOLE_PASS_EVERY seconds."""
     kube: Kube = memo["kube"]
     cache: ClusterCache | None = memo.get("cache")
     wake = Wake()
@@ -155,20 +202,50 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
     try:
         if cache is not None and not await cache.wait_synced(SYNC_TIMEOUT):
             log.warning("cluster cache not synced after %.0fs; listing what is missing", SYNC_TIMEOUT)
-        last_end = time.monotonic()
+        steps: StepContext | None = None  # from the last whole pass while nodes are in flight
+        last_end = last_whole = time.monotonic()
+        interval = 0.0
+        pending: float | None = None  # the first change since the last whole pass began
+        first = True
         while not stopped:
-            since = wake.take()
+            since, nodes, whole = wake.take()
             started = time.monotonic()
             if since is not None:  # the time a change waited, not counting a pass that was running
                 metrics.WAKE_DELAY_SECONDS.labels(name).observe(started - max(since, last_end))
+                pending = since if pending is None else pending
             try:
-                outcome = await asyncio.to_thread(_pass, kube, name, cache)
-                interval = IDLE_RESYNC if outcome is None or outcome.settled else BUSY_RESYNC
+                if (
+                    steps is not None
+                    and nodes
+                    and cache is not None
+                    and not await asyncio.to_thread(_quick, kube, name, steps, nodes, cache, since)
+                ):
+                    steps = None  # the cache cannot answer: whole passes only
+                now = time.monotonic()
+                due = (
+                    first
+                    or whole
+                    or steps is None
+                    or now - last_whole >= interval
+                    or (pending is not None and now - last_whole >= WHOLE_PASS_EVERY)
+                )
+                if due:
+                    first, woken_at, pending = False, pending, None
+                    outcome = await asyncio.to_thread(_pass, kube, name, cache, woken_at)
+                    steps = outcome.steps if outcome is not None else None
+                    interval = IDLE_RESYNC if outcome is None or outcome.settled else BUSY_RESYNC
+                    last_whole = time.monotonic()  # the next whole pass is timed from this one's end
             except Exception as err:  # any failure: log, back off, try again; the daemon must not die
                 log.exception("reconcile of GpuStack %s failed: %s", name, err)
-                interval = ERROR_INTERVAL
+                steps, interval, last_whole = None, ERROR_INTERVAL, time.monotonic()
             last_end = time.monotonic()
-            await _sleep(wake, stopped, interval)
+            left = max(0.0, interval - (last_end - last_whole))
+            if steps is None:
+                await _sleep(wake, stopped, left, DEBOUNCE)
+            else:
+                if pending is not None:  # changes not yet seen by a whole pass
+                    left = min(left, max(0.0, WHOLE_PASS_EVERY - (last_end - last_whole)))
+                await _sleep(wake, stopped, left, QUICK_DEBOUNCE)
     finally:
         _wakes(memo).discard(wake)
 

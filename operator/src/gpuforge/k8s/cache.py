@@ -3,7 +3,8 @@ ResourceSlices and ResourceClaims, each mirrored by one `gpuforge.k8s.informer.I
 
 A reconcile pass (in a worker thread) reads its snapshot here instead of listing; a kind whose informer
 has not synced yet is listed as before, so the cache only ever saves requests. Changes that matter to the
-planner (not kubelet heartbeats) call `on_change`, which the handlers debounce into one pass. Our own
+planner (not kubelet heartbeats) call `on_change` with the node they are about (None for a claim), which
+the handlers debounce into one pass, or a quick step of just those nodes. Our own
 writes are offered back to the store, so a pass right after a write sees it even before the watch does.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuforge.constants import DRA_DRIVER_GPU, GPU_RESOURCE
@@ -114,6 +116,17 @@ class Relevance:
         return True
 
 
+def node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
+    """The node a watched object is about: the Node itself, or where a Pod or ResourceSlice is."""
+    if kind == NODE:
+        name = (obj.get("metadata") or {}).get("name")
+    elif kind in (POD, SLICE):
+        name = (obj.get("spec") or {}).get("nodeName")
+    else:
+        return None
+    return name if isinstance(name, str) and name else None
+
+
 @dataclass(frozen=True)
 class Cached:
     """What the cache can answer now; None for a kind that has to be listed instead."""
@@ -122,12 +135,17 @@ class Cached:
     pods: list[Obj] | None
     slices: list[Obj] | None
     claims: list[Obj] | None
+    # Per node: when (time.monotonic) the latest change that matters about it (the Node, its pods, its
+    # ResourceSlices) reached us; what a step taken on this snapshot reacts to.
+    changed_at: Mapping[str, float] = field(default_factory=dict)
 
 
 class ClusterCache:
     """Informers for the kinds a reconcile pass reads, started on the running loop by `start`."""
 
-    def __init__(self, kube: Kube, on_change: Callable[[], None], *, timeout_seconds: int = 300) -> None:
+    def __init__(
+        self, kube: Kube, on_change: Callable[[str | None], None], *, timeout_seconds: int = 300
+    ) -> None:
         self._kube = kube
         self._on_change = on_change
         self._timeout_seconds = timeout_seconds
@@ -136,6 +154,7 @@ class ClusterCache:
         self._informers: dict[str, Informer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.resource_api: str | None = None  # the resource.k8s.io version slices and claims are watched in
+        self._changed_at: dict[str, float] = {}  # node name -> latest relevant change about it (see Cached)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -156,7 +175,10 @@ class ClusterCache:
 
         def listener(event_type: str, obj: Mapping[str, Any]) -> None:
             if relevant(event_type, obj):
-                self._on_change()
+                node = node_of(kind, obj)
+                if node is not None:
+                    self._changed_at[node] = time.monotonic()
+                self._on_change(node)
 
         informer.listeners.append(listener)
         self._informers[kind] = informer
@@ -210,12 +232,15 @@ class ClusterCache:
     def read(self, resource_api: str | None) -> Cached:
         """The synced kinds' objects. Slices and claims come from here only when watched in
         `resource_api`; otherwise the cache is told to switch and they are listed this time."""
+        changed_at = dict(self._changed_at)  # first: a change landing while we copy counts as newer
         if resource_api != self.resource_api and self._loop is not None:
             self._loop.call_soon_threadsafe(self._use_resource_api, resource_api)
-            return Cached(self._values(NODE), self._values(POD), None, None)
+            return Cached(self._values(NODE), self._values(POD), None, None, changed_at)
         if resource_api is None:
-            return Cached(self._values(NODE), self._values(POD), [], [])
-        return Cached(self._values(NODE), self._values(POD), self._values(SLICE), self._values(CLAIM))
+            return Cached(self._values(NODE), self._values(POD), [], [], changed_at)
+        return Cached(
+            self._values(NODE), self._values(POD), self._values(SLICE), self._values(CLAIM), changed_at
+        )
 
     def offer(self, kind: str, obj: Obj | None) -> None:
         """Our own write's answer (a patched Node, a deleted Pod): newer than what the watch has shown."""

@@ -199,7 +199,7 @@ class Kube:
         if self._on_request is not None:
             self._on_request(verb, resource)
 
-    def _request(
+    def request(
         self,
         method: str,
         path: str,
@@ -208,6 +208,8 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Any:
+        """One request to the API server (counted; ApiError on a status >= 400), for kinds this class has
+        no method for (the quota webhook's objects)."""
         self.count_request(rbac_verb(method, path), resource_of(path))
         url = self._api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -229,7 +231,7 @@ class Kube:
     def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         params = {**(query or {}), "limit": "500"}
         while True:
-            page = self._request("GET", path, query=params)
+            page = self.request("GET", path, query=params)
             yield from page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -240,7 +242,7 @@ class Kube:
 
     def served_versions(self, group: str = RESOURCE_GROUP) -> frozenset[str]:
         try:
-            data = self._request("GET", f"/apis/{group}")
+            data = self.request("GET", f"/apis/{group}")
         except ApiError as err:
             if err.status == 404:
                 return frozenset()
@@ -255,7 +257,7 @@ class Kube:
         plural, namespaced = KINDS[(api_version.rpartition("/")[0], kind)]
         path = _path(api_version, plural, meta.get("namespace") if namespaced else None, meta["name"])
         query = {"fieldManager": FIELD_MANAGER, "force": "true"}
-        result: Obj = self._request(
+        result: Obj = self.request(
             "PATCH", path, query=query, body=obj, content_type="application/apply-patch+yaml"
         )
         return result
@@ -265,7 +267,7 @@ class Kube:
         plural, namespaced = KINDS[(ref.group, ref.kind)]
         path = _path(ref.api_version, plural, ref.namespace if namespaced else None, ref.name)
         try:
-            self._request("DELETE", path, body={"propagationPolicy": "Background"})
+            self.request("DELETE", path, body={"propagationPolicy": "Background"})
         except ApiError as err:
             if err.status == 404:
                 return False
@@ -295,7 +297,7 @@ class Kube:
 
     def get_stack(self, name: str) -> Obj | None:
         try:
-            result: Obj = self._request("GET", _path(f"{GROUP}/{VERSION}", PLURAL, name=name))
+            result: Obj = self.request("GET", _path(f"{GROUP}/{VERSION}", PLURAL, name=name))
         except ApiError as err:
             if err.status == 404:
                 return None
@@ -307,7 +309,7 @@ class Kube:
 
     def patch_stack_status(self, name: str, status: Mapping[str, Any]) -> None:
         path = _path(f"{GROUP}/{VERSION}", PLURAL, name=name) + "/status"
-        self._request("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+        self.request("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
 
     # --- nodes, pods, slices ---------------------------------------------------------------------------
 
@@ -361,7 +363,7 @@ class Kube:
     def patch_node(self, node: str, patch: Mapping[str, Any]) -> Obj:
         """One JSON merge patch of a Node (labels, annotations, spec.unschedulable together); the Node
         as written."""
-        result: Obj = self._request(
+        result: Obj = self.request(
             "PATCH", f"/api/v1/nodes/{quote(node)}", body=patch, content_type="application/merge-patch+json"
         )
         return result
@@ -375,7 +377,7 @@ class Kube:
             "metadata": {"name": name, "namespace": namespace},
         }
         try:
-            self._request("POST", _path("v1", "pods", namespace, name) + "/eviction", body=body)
+            self.request("POST", _path("v1", "pods", namespace, name) + "/eviction", body=body)
         except ApiError as err:
             if err.status == 404:
                 return True
@@ -388,7 +390,7 @@ class Kube:
         """Delete a pod (an outdated operand pod: its OnDelete DaemonSet recreates it); gone is fine.
         Returns the pod as the server left it (being deleted), None when it was gone already."""
         try:
-            result: Obj | None = self._request("DELETE", _path("v1", "pods", namespace, name))
+            result: Obj | None = self.request("DELETE", _path("v1", "pods", namespace, name))
         except ApiError as err:
             if err.status != 404:
                 raise
@@ -416,7 +418,7 @@ class Kube:
             "count": 1,
         }
         try:
-            self._request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
+            self.request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
         except ApiError as err:
             log.warning("could not post event %s on node %s: %s", reason, node, err)
 
@@ -449,7 +451,7 @@ class Kube:
             "count": 1,
         }
         try:
-            self._request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
+            self.request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
         except ApiError as err:  # an event is worth a log line, never a failed reconcile
             log.warning("could not post event %s: %s", reason, err)
 

@@ -74,7 +74,7 @@ def _path(ref: q.QuotaRef) -> str:
 # they are counted in the same metrics.
 def _get(kube: Kube, ref: q.QuotaRef) -> Obj | None:
     try:
-        result: Obj = kube._request("GET", _path(ref))
+        result: Obj = kube.request("GET", _path(ref))
     except ApiError as err:
         if err.status == 404:
             return None
@@ -84,7 +84,7 @@ def _get(kube: Kube, ref: q.QuotaRef) -> Obj | None:
 
 def _apply(kube: Kube, obj: Mapping[str, Any]) -> None:
     query = {"fieldManager": FIELD_MANAGER, "force": "true"}
-    kube._request(
+    kube.request(
         "PATCH", _path(q.ref_of(obj)), query=query, body=obj, content_type="application/apply-patch+yaml"
     )
 
@@ -102,7 +102,7 @@ def _delete_if_mine(kube: Kube, ref: q.QuotaRef, stack: GpuStack) -> bool:
     version = current["metadata"]["resourceVersion"]
     body = {"propagationPolicy": "Background", "preconditions": {"resourceVersion": version}}
     try:
-        kube._request("DELETE", _path(ref), body=body)
+        kube.request("DELETE", _path(ref), body=body)
     except ApiError as err:
         if err.status in (404, 409):  # gone, or changed (taken over) since we read it
             return False

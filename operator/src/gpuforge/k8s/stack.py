@@ -34,11 +34,15 @@ from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import ApiError, Kube, Ref, node_facts, operand_pods, slices_per_node
 from gpuforge.k8s.quota_deploy import QuotaOutcome, reconcile_quota, remove_quota
 from gpuforge.k8s.upgrade import (
+    NOTHING,
     Applied,
     ClusterView,
+    StepContext,
+    admit_into_freed_slots,
     apply_plan,
     desired_of,
     failures,
+    freed_at,
     in_flight,
     labels_after,
     read_cluster,
@@ -64,8 +68,8 @@ from gpuforge.upgrade.planner import plan as upgrade_plan
 log = logging.getLogger(__name__)
 
 
-# While the rendered objects stay the same, a busy pass (every second while nodes move) does not apply
-# and prune them again; a settled stack is re-applied on every idle pass, which corrects drift.
+# While the rendered objects stay the same they are applied and pruned again at most every 25 s, and not
+# while nodes are in flight (a rollout's passes stay short); a settled stack's passes correct drift.
 RESYNC_SECONDS = 25.0
 _last_applied: dict[str, tuple[str, float]] = {}  # stack uid -> (digest of what was applied, when)
 
@@ -79,11 +83,26 @@ class Outcome:
     labelled: int
     plan: Plan | None = None
     upgrade: Applied | None = None
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)  # seconds per part of the pass
+    steps: StepContext | None = None  # for quick steps until the next pass; None when no node is in flight
 
     @property
     def settled(self) -> bool:
         """Nothing is moving: the next look can wait longer."""
         return self.status.conditions[1].status == "False"
+
+
+class _Stopwatch:
+    """Wall time per phase of a pass (read, plan, nodes, operands, status), for the metrics."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 def _now() -> str:
@@ -149,6 +168,7 @@ class _Upgrade:
     problems: tuple[Problem, ...]
     status: dict[str, Any]
     progress: str  # for the Progressing condition; "" when nothing moves
+    steps: StepContext | None = None  # without dra_api and served, which the caller knows
 
 
 def _upgrade(
@@ -158,6 +178,8 @@ def _upgrade(
     view: ClusterView,
     placement: Placement,
     cache: ClusterCache | None,
+    woken_at: float | None,
+    watch: _Stopwatch,
 ) -> _Upgrade | None:
     """Plan the node moves of the stack and carry them out; None when the spec cannot be planned."""
     if not _renderable(placement):
@@ -165,11 +187,14 @@ def _upgrade(
     try:
         policy = policy_from_spec((body.get("spec") or {}).get("upgradePolicy"))
     except PolicyError as err:
-        return _Upgrade(Plan(()), Applied(0, (), 0, 0, 0, ()), (Problem(c.UPGRADE_FAILED, str(err)),), {}, "")
+        return _Upgrade(Plan(()), NOTHING, (Problem(c.UPGRADE_FAILED, str(err)),), {}, "")
     now = datetime.now(UTC)
     snapshot = snapshot_of(view, stack.name, placement.planned, now)
-    plan = upgrade_plan(snapshot, desired_of(stack, placement.planned, compat_data.load()), policy)
-    applied = apply_plan(kube, plan, snapshot, cache)
+    desired = desired_of(stack, placement.planned, compat_data.load())
+    plan = upgrade_plan(snapshot, desired, policy)
+    watch.lap("plan")
+    applied = apply_plan(kube, plan, snapshot, cache, woken_at, view.changed_at)
+    watch.lap("nodes")
     failed = failures(plan, snapshot)
     problems = []
     if failed:
@@ -186,13 +211,26 @@ def _upgrade(
         shown = ", ".join(f"{n} ({plan.states[n]})" for n in moving[:5])
         more = f" and {len(moving) - 5} more" if len(moving) > 5 else ""
         progress = f"{len(moving)} node(s) in progress: {shown}{more}; {waiting} waiting"
-    return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress)
+    flying = bool(moving)
+    if cache is not None and waiting and applied.changes and any(t.ends for t in plan.transitions):
+        # Nodes finished in this pass: fill their slots now rather than at the next pass.
+        context = StepContext(desired, policy, cache.resource_api, view.served, True)
+        freed = freed_at(plan.transitions, view.changed_at, woken_at)
+        started = admit_into_freed_slots(kube, context, cache, freed, now)
+        applied, flying = applied + started, flying or bool(started.changes)
+        watch.lap("nodes")
+    steps = StepContext(desired, policy, None, view.served, waiting > 0) if flying else None
+    return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress, steps)
 
 
-def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outcome | None:
+def reconcile(
+    kube: Kube, name: str, cache: ClusterCache | None = None, woken_at: float | None = None
+) -> Outcome | None:
     """One level-based pass over GpuStack `name`; None when it is gone or being deleted. Nodes, pods,
     slices and claims come from `cache` where it has synced (every decision is still made from one
-    snapshot of them), the GpuStacks and served versions from the API."""
+    snapshot of them), the GpuStacks and served versions from the API. `woken_at`: when the change this
+    pass reacts to arrived (time.monotonic), None for a timer's pass."""
+    watch = _Stopwatch()
     body = kube.get_stack(name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -206,12 +244,13 @@ def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outco
     nodes = [node_facts(item, slices) for item in view.nodes]
     pods = operand_pods(view.pods, stack.name)
     placement = place(stack, nodes, stacks, pods, served, compat)
+    watch.lap("read")
 
     applied = pruned = labelled = 0
     error = None
     upgrade: _Upgrade | None = None
     try:
-        upgrade = _upgrade(kube, stack, body, view, placement, cache)
+        upgrade = _upgrade(kube, stack, body, view, placement, cache, woken_at, watch)
         if upgrade is not None:
             labelled = len(upgrade.plan.transitions)
             after = labels_after(view.nodes, upgrade.plan)
@@ -231,7 +270,9 @@ def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outco
         shared = held_elsewhere(stack, desired, _others_rendered(stack, stacks, dra_api))
         digest = hashlib.sha256(json.dumps([desired, sorted(shared)], sort_keys=True).encode()).hexdigest()
         last = _last_applied.get(stack.uid or name)
-        if last is None or last[0] != digest or time.monotonic() - last[1] > RESYNC_SECONDS:
+        moving = upgrade is not None and upgrade.steps is not None  # nodes in flight: no drift resync
+        stale = time.monotonic() - last[1] > RESYNC_SECONDS if last is not None else True
+        if last is None or last[0] != digest or (stale and not moving):
             for obj in desired:
                 if object_key(obj) not in shared:
                     kube.apply(obj)
@@ -246,6 +287,7 @@ def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outco
         error = str(err)
         _last_applied.pop(stack.uid or name, None)
         log.warning("GpuStack %s: %s", stack.name, error)
+    watch.lap("operands")
 
     quota = _quota_pass(kube, stack, body, stacks)
     status = compute_status(
@@ -266,6 +308,7 @@ def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outco
         kube.emit_event(stack, "Warning", c.RECONCILE_FAILED, error)
     for kind, reason, message in quota.events:
         kube.emit_event(stack, kind, reason, message)
+    watch.lap("status")
     return Outcome(
         status,
         placement,
@@ -274,6 +317,10 @@ def reconcile(kube: Kube, name: str, cache: ClusterCache | None = None) -> Outco
         labelled,
         upgrade.plan if upgrade else None,
         upgrade.applied if upgrade else None,
+        watch.phases,
+        dataclasses.replace(upgrade.steps, dra_api=dra_api)
+        if upgrade and upgrade.steps and not error
+        else None,
     )
 
 

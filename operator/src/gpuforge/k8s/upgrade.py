@@ -10,9 +10,11 @@ again from what the cluster then shows. A failure on one node is logged and does
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,9 +33,12 @@ from gpuforge.upgrade.model import (
     EvictPods,
     NodeState,
     Plan,
+    Policy,
     Snapshot,
     Transition,
 )
+from gpuforge.upgrade.planner import advance
+from gpuforge.upgrade.planner import plan as plan_upgrade
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,7 @@ class ClusterView:
     slices: list[Obj]
     claims: list[Obj]
     served: frozenset[str]
+    changed_at: Mapping[str, float] = field(default_factory=dict)  # see gpuforge.k8s.cache.Cached
 
 
 def read_cluster(
@@ -63,6 +69,7 @@ def read_cluster(
         slices=cached.slices if cached.slices is not None else kube.list_gpu_slices(dra_api),
         claims=cached.claims if cached.claims is not None else kube.list_resource_claims(dra_api),
         served=served,
+        changed_at=cached.changed_at,
     )
 
 
@@ -112,6 +119,88 @@ _MEMO = ConversionMemo()  # objects from the watch-fed cache are converted once 
 
 
 @dataclass(frozen=True)
+class StepContext:
+    """What a whole pass worked out that quick steps reuse until the next whole pass: the target, the
+    policy, the nodes the stack selects and the resource.k8s.io version in use."""
+
+    desired: Desired
+    policy: Policy
+    dra_api: str | None
+    served: frozenset[str]
+    waiting: bool  # some selected node waits for a slot (upgrade-required)
+
+
+_QUICK_MEMO = ConversionMemo()  # quick steps convert a few nodes: their own memo keeps the pass's intact
+
+
+def quick_steps(
+    kube: Kube,
+    context: StepContext,
+    names: Iterable[str],
+    cache: ClusterCache,
+    woken_at: float | None,
+    now: datetime,
+) -> Applied | None:
+    """The next step of each node among `names` that is in flight (`gpuforge.upgrade.advance`), from the
+    cache alone, applied at once: a node whose old plugin just went away gets the new one without waiting
+    for a pass over the whole cluster. When a node finishes, the slot it frees is filled at once
+    (`admit_into_freed_slots`). None when the cache has not synced."""
+    cached = cache.read(context.dra_api)
+    if cached.nodes is None or cached.pods is None or cached.slices is None or cached.claims is None:
+        return None
+    wanted = set(names) & context.desired.selected
+    if not wanted:
+        return NOTHING
+    snapshot = snapshot_from_objects(
+        [n for n in cached.nodes if n["metadata"]["name"] in wanted],
+        cached.pods,
+        cached.slices,
+        now=now,
+        claims=cached.claims,
+        served_resource_versions=context.served,
+        names=wanted,
+        memo=_QUICK_MEMO,
+    )
+    steps = advance(snapshot, context.desired, context.policy)
+    if not steps:
+        return NOTHING
+    applied = apply_plan(kube, Plan(steps), snapshot, cache, woken_at, cached.changed_at)
+    if context.waiting and any(t.ends for t in steps):
+        freed = freed_at(steps, cached.changed_at, woken_at)
+        applied = applied + admit_into_freed_slots(kube, context, cache, freed, now)
+    return applied
+
+
+def freed_at(
+    transitions: Iterable[Transition], changed_at: Mapping[str, float], woken_at: float | None
+) -> float | None:
+    """When the slots that finishing nodes free became free-able: the earliest of the changes that let
+    those nodes finish (the cause of the admissions that fill them). None in a timer's pass."""
+    if woken_at is None:
+        return None
+    return min((changed_at.get(t.node, woken_at) for t in transitions if t.ends), default=woken_at)
+
+
+def admit_into_freed_slots(
+    kube: Kube, context: StepContext, cache: ClusterCache, woken_at: float | None, now: datetime
+) -> Applied:
+    """Start the nodes the whole plan starts now, from a fresh read of the cache (which holds our own
+    writes): right after nodes finished, rather than at the next whole pass. Only admissions are applied;
+    maxUnavailable and maxParallel are weighed over every node, as in any plan."""
+    cached = cache.read(context.dra_api)
+    if cached.nodes is None or cached.pods is None or cached.slices is None or cached.claims is None:
+        return NOTHING
+    view = ClusterView(
+        cached.nodes, cached.pods, cached.slices, cached.claims, context.served, cached.changed_at
+    )
+    snapshot = snapshot_of(view, context.desired.stack, context.desired.selected, now)
+    starts = tuple(t for t in plan_upgrade(snapshot, context.desired, context.policy).transitions if t.starts)
+    if not starts:
+        return NOTHING
+    return apply_plan(kube, Plan(starts), snapshot, cache, woken_at, cached.changed_at)
+
+
+@dataclass(frozen=True)
 class StateChange:
     node: str
     from_state: str
@@ -127,6 +216,22 @@ class Applied:
     eviction_refused: int
     deleted: int
     errors: tuple[str, ...]
+    # Per state change: the state entered and the seconds from its cause reaching us to the patch landing.
+    reactions: tuple[tuple[str, float], ...] = ()
+
+    def __add__(self, other: Applied) -> Applied:
+        return Applied(
+            self.transitions + other.transitions,
+            self.changes + other.changes,
+            self.evicted + other.evicted,
+            self.eviction_refused + other.eviction_refused,
+            self.deleted + other.deleted,
+            self.errors + other.errors,
+            self.reactions + other.reactions,
+        )
+
+
+NOTHING = Applied(0, (), 0, 0, 0, ())
 
 
 # Nodes are independent: their transitions are applied side by side (each node's own steps in order).
@@ -142,12 +247,33 @@ class _NodeResult:
     refused: int = 0
     deleted: int = 0
     error: str | None = None
+    reaction: tuple[str, float] | None = None
 
 
-def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot, cache: ClusterCache | None = None) -> Applied:
+def apply_plan(
+    kube: Kube,
+    plan: Plan,
+    snapshot: Snapshot,
+    cache: ClusterCache | None = None,
+    woken_at: float | None = None,
+    changed_at: Mapping[str, float] | None = None,
+) -> Applied:
     """Carry out `plan.transitions`; per node: one patch, then its pod actions, then one event. What the
-    server answers (the patched Node, a deleted pod) goes to the cache, so the next pass starts from it."""
+    server answers (the patched Node, a deleted pod) goes to the cache, so the next pass starts from it.
+
+    In a pass woken by changes (`woken_at`, time.monotonic, the first of them), each state change also
+    reports how long the operator took to act (`Applied.reactions`): from the latest change about that
+    node before the snapshot (`changed_at`), or for a node just admitted (whose cause is elsewhere: a
+    freed slot, a new target) from `woken_at`."""
     since = {n.name: n.state_since for n in snapshot.nodes}
+    changed_at = changed_at or {}
+
+    def cause(transition: Transition) -> float | None:
+        if woken_at is None:
+            return None  # a timer's pass: timeouts are not reactions
+        if transition.from_state in IN_FLIGHT_STATES:
+            return changed_at.get(transition.node, woken_at)
+        return woken_at
 
     def written(kind: str, obj: Obj | None) -> None:
         if cache is not None:
@@ -173,25 +299,61 @@ def apply_plan(kube: Kube, plan: Plan, snapshot: Snapshot, cache: ClusterCache |
         except ApiError as err:
             log.warning("upgrade step on node %s failed: %s", transition.node, err)
             return _NodeResult(error=f"{transition.node}: {err}")
-        change = None
+        change = reaction = None
         if transition.changes_state:
             change = _change(transition, since.get(transition.node), snapshot.now)
+            caused = None if transition.records_waiting else cause(transition)
+            if caused is not None:
+                entered = transition.to_state.value if transition.to_state else "released"
+                reaction = (entered, max(0.0, time.monotonic() - caused))
             _EVENTS.submit(_event, kube, transition)
-        return _NodeResult(change, evicted, refused, deleted)
+        return _NodeResult(change, evicted, refused, deleted, reaction=reaction)
 
-    if len(plan.transitions) <= 1:
-        results = [one(t) for t in plan.transitions]
+    # "upgrade-required" records change nothing on their nodes: they are written in the background, so a
+    # new target on 1000 nodes does not hold up its first batch (a node whose record is still being
+    # written is left out until it is; the next plan asks again for any that failed).
+    transitions = []
+    with _RECORDING_LOCK:
+        for transition in plan.transitions:
+            if transition.records_waiting:
+                continue
+            record = _RECORDING.get(transition.node)
+            # A step for a node whose record has not been sent yet replaces it (it writes the state label
+            # itself); one being written is waited for by leaving the node to the next plan.
+            if record is None or record.cancel():
+                _RECORDING.pop(transition.node, None)
+                transitions.append(transition)
+    if len(transitions) <= 1:
+        results = [one(t) for t in transitions]
     else:
-        with ThreadPoolExecutor(max_workers=min(APPLY_WORKERS, len(plan.transitions))) as pool:
-            results = list(pool.map(one, plan.transitions))
+        with ThreadPoolExecutor(max_workers=min(APPLY_WORKERS, len(transitions))) as pool:
+            results = list(pool.map(one, transitions))
+    with _RECORDING_LOCK:  # after the steps that move nodes, so as not to compete with them
+        for transition in plan.transitions:
+            if transition.records_waiting and transition.node not in _RECORDING:
+                _RECORDING[transition.node] = _RECORDS.submit(_record, one, transition)
     return Applied(
-        transitions=len(plan.transitions),
+        transitions=len(transitions),
         changes=tuple(r.change for r in results if r.change is not None),
         evicted=sum(r.evicted for r in results),
         eviction_refused=sum(r.refused for r in results),
         deleted=sum(r.deleted for r in results),
         errors=tuple(r.error for r in results if r.error),
+        reactions=tuple(r.reaction for r in results if r.reaction is not None),
     )
+
+
+_RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuforge-records")
+_RECORDING: dict[str, Future[None]] = {}  # node -> its upgrade-required record, queued or being written
+_RECORDING_LOCK = threading.Lock()
+
+
+def _record(one: Callable[[Transition], _NodeResult], transition: Transition) -> None:
+    try:
+        one(transition)
+    finally:
+        with _RECORDING_LOCK:
+            _RECORDING.pop(transition.node, None)
 
 
 def _change(transition: Transition, since: datetime | None, now: datetime) -> StateChange:
@@ -279,14 +441,19 @@ def in_flight(plan: Plan) -> list[str]:
 
 
 __all__ = [
+    "NOTHING",
     "Applied",
     "ClusterView",
     "StateChange",
+    "StepContext",
+    "admit_into_freed_slots",
     "apply_plan",
     "desired_of",
     "failures",
+    "freed_at",
     "in_flight",
     "labels_after",
+    "quick_steps",
     "read_cluster",
     "snapshot_of",
     "upgrade_status",

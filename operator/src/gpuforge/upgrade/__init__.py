@@ -4,6 +4,6 @@
 from plain Kubernetes objects (dicts). Executing the plan is `gpuforge.k8s`'s job.
 """
 
-from gpuforge.upgrade.planner import plan
+from gpuforge.upgrade.planner import advance, plan
 
-__all__ = ["plan"]
+__all__ = ["advance", "plan"]

@@ -465,6 +465,30 @@ class Transition:
         return self.from_state != self.to_state
 
     @property
+    def starts(self) -> bool:
+        """The node is admitted: it enters an in-flight state from outside."""
+        return self.from_state not in IN_FLIGHT_STATES and self.to_state in IN_FLIGHT_STATES
+
+    @property
+    def ends(self) -> bool:
+        """The node leaves flight (done, failed, rolled back): its slot is free."""
+        return self.from_state in IN_FLIGHT_STATES and self.to_state not in IN_FLIGHT_STATES
+
+    @property
+    def records_waiting(self) -> bool:
+        """Only writes down that the node waits for a slot (state label upgrade-required and its timer):
+        nothing on the node changes, so it may wait behind the steps that move nodes."""
+        if self.to_state is not NodeState.UPGRADE_REQUIRED or self.from_state in IN_FLIGHT_STATES:
+            return False
+        for action in self.actions:
+            if isinstance(action, SetLabels) and set(action.values) <= {NODE_STATE_LABEL}:
+                continue
+            if isinstance(action, SetAnnotations) and set(action.values) <= {STATE_SINCE_ANNOTATION}:
+                continue
+            return False
+        return True
+
+    @property
     def node_actions(self) -> tuple[NodeAction, ...]:
         return tuple(a for a in self.actions if isinstance(a, Cordon | Uncordon | SetLabels | SetAnnotations))
 

@@ -41,7 +41,7 @@ async def test_informer_mirrors_configmaps_through_list_watch_resume_and_gone(
 
     def put(name: str, value: str) -> dict[str, Any]:
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": value}}
-        result: dict[str, Any] = kube._request(
+        result: dict[str, Any] = kube.request(
             "PATCH",
             f"{base}/{name}",
             query={"fieldManager": "test", "force": "true"},
@@ -70,7 +70,7 @@ async def test_informer_mirrors_configmaps_through_list_watch_resume_and_gone(
         await asyncio.sleep(2.5)  # at least two server-side watch timeouts
         put("after", "1")
         await _until(lambda: informer.get("after", namespace) is not None)
-        kube._request("DELETE", f"{base}/after")
+        kube.request("DELETE", f"{base}/after")
         await _until(lambda: informer.get("after", namespace) is None)
         assert ("DELETED", "after") in seen
         assert informer.lists == 1  # resumed, never listed again

@@ -15,12 +15,14 @@ from gpuforge.constants import (
     STACK_LABEL,
     UPGRADE_SKIP_LABEL,
 )
-from gpuforge.upgrade import plan
+from gpuforge.upgrade import advance, plan
 from gpuforge.upgrade.labelselector import LabelSelector
 from gpuforge.upgrade.model import (
+    DEPLOY_LABELS,
     FAILED_TARGET_ANNOTATION,
     FAILURE_ANNOTATION,
     FROM_ANNOTATION,
+    IN_FLIGHT_STATES,
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     STATE_SINCE_ANNOTATION,
     Cordon,
@@ -82,6 +84,15 @@ def step(n: GpuNode, policy: Policy = POLICY, **kwargs: object) -> Plan:
     return plan(snapshot(n), want, policy)
 
 
+def admitted(result: Plan) -> list[Transition]:
+    """Transitions that start work on a node (it enters an in-flight state from outside)."""
+    return [
+        t
+        for t in result.transitions
+        if t.from_state not in IN_FLIGHT_STATES and t.to_state in IN_FLIGHT_STATES
+    ]
+
+
 def hold_nodes(result: Plan, reason: HoldReason) -> tuple[str, ...]:
     return next((h.nodes for h in result.holds if h.reason is reason), ())
 
@@ -123,8 +134,15 @@ def test_unknown_state_value_is_derived_again() -> None:
 # --- admission: maxUnavailable, maxParallel, paused, skip, NotReady, maintenance ------------------
 
 
+WAIT_FOR_TRAINING = Policy(
+    max_unavailable=IntOrPercent(1),
+    max_parallel=0,
+    wait_for_completion=WaitForCompletion(LabelSelector.parse("app=train"), timeout_seconds=600),
+)
+
+
 def test_admission_records_origin_and_cordons() -> None:
-    t = only(step(node(mode=DP)))
+    t = only(step(node(mode=DP), WAIT_FOR_TRAINING))
     assert t.to_state is S.WAIT_FOR_JOBS_REQUIRED
     assert has(t, Cordon)
     assert annotations_of(t)[INITIAL_UNSCHEDULABLE_ANNOTATION] == "false"
@@ -140,6 +158,26 @@ def test_admission_records_origin_and_cordons() -> None:
         },
         "spec": {"unschedulable": True},
     }
+
+
+@pytest.mark.parametrize(
+    ("pods", "policy", "state"),
+    [
+        ([], POLICY, S.WAIT_OLD_GONE),  # nothing to wait for: cordon and old stack off in one patch
+        ([gpu_pod("j")], POLICY, S.WAIT_FOR_JOBS_REQUIRED),  # a GPU pod must leave: after the cordon
+        ([], WAIT_FOR_TRAINING, S.WAIT_FOR_JOBS_REQUIRED),  # jobs are looked for after the cordon
+        ([], replace(POLICY, drain=Drain(enable=True)), S.WAIT_FOR_JOBS_REQUIRED),  # drain: likewise
+    ],
+)
+def test_admission_goes_on_at_once_only_when_no_pod_must_finish_or_leave(
+    pods: list[WorkloadPod], policy: Policy, state: NodeState
+) -> None:
+    t = only(step(node(mode=DP, pods=pods), policy))
+    assert t.to_state is state and has(t, Cordon)
+    assert annotations_of(t)[FROM_ANNOTATION] == DRA_FROM_DP
+    if state is S.WAIT_OLD_GONE:
+        assert labels_of(t)[DEPLOY_LABELS[DP]] is None  # the old stack is off in the same patch
+        assert t.node_patch()["spec"] == {"unschedulable": True}
 
 
 def test_node_cordoned_by_someone_else_is_admitted_free_and_remembered() -> None:
@@ -167,8 +205,7 @@ def test_max_unavailable(max_unavailable: IntOrPercent, nodes: int, down: int, e
     all_nodes = [node(f"n{i}", mode=DP, ready=i >= down) for i in range(nodes)]
     policy = Policy(max_unavailable=max_unavailable, max_parallel=0)
     result = plan(snapshot(*all_nodes), desired(names=[n.name for n in all_nodes]), policy)
-    admitted = [t for t in result.transitions if t.to_state is S.WAIT_FOR_JOBS_REQUIRED]
-    assert len(admitted) == expected
+    assert len(admitted(result)) == expected
     if expected < nodes - down:
         assert len(hold_nodes(result, HoldReason.MAX_UNAVAILABLE)) == nodes - down - expected
     if down:
@@ -224,8 +261,7 @@ def test_nodes_with_fewer_gpu_pods_and_already_cordoned_go_first() -> None:
     cordoned = node("c", mode=DP, unschedulable=True)
     policy = Policy(max_unavailable=IntOrPercent(2), max_parallel=2)
     result = plan(snapshot(busy, idle, cordoned), desired(names=["a", "b", "c"]), policy)
-    admitted = [t.node for t in result.transitions if t.to_state is S.WAIT_FOR_JOBS_REQUIRED]
-    assert admitted == ["c", "b"]
+    assert [t.node for t in admitted(result)] == ["c", "b"]
 
 
 # --- waiting for jobs and draining ----------------------------------------------------------------
@@ -500,7 +536,7 @@ def test_revision_change_counts_as_outdated() -> None:
     pod = n.operands[0]
     n2 = _replace(n, operands=(type(pod)(pod.ref, pod.mode, pod.version, revision="old", ready=True),))
     t = only(step(n2, POLICY, revisions={DRA: "abc"}))
-    assert t.to_state is S.WAIT_FOR_JOBS_REQUIRED
+    assert t.to_state is S.OPERAND_RESTART_REQUIRED and has(t, Cordon)  # nothing to wait for: at once
 
 
 def test_restarted_pod_at_new_version_goes_to_validation_and_done() -> None:
@@ -562,7 +598,7 @@ def test_max_failures_halts_new_starts_and_names_the_failed_nodes() -> None:
 def test_max_failures_zero_never_halts() -> None:
     policy = Policy(max_failures=0, max_unavailable=IntOrPercent(1))
     result = plan(snapshot(failed("bad"), node("ok", mode=DP)), desired(names=["bad", "ok"]), policy)
-    assert [t.node for t in result.transitions if t.to_state is S.WAIT_FOR_JOBS_REQUIRED] == ["ok"]
+    assert [t.node for t in admitted(result)] == ["ok"]
 
 
 def test_failed_node_is_not_retried_for_the_same_target() -> None:
@@ -571,7 +607,7 @@ def test_failed_node_is_not_retried_for_the_same_target() -> None:
 
 def test_failed_node_is_retried_when_the_target_changes() -> None:
     n = node(mode=DP, state=S.UPGRADE_FAILED, annotations={FAILED_TARGET_ANNOTATION: "dra@v25.8.0"})
-    assert only(step(n)).to_state is S.WAIT_FOR_JOBS_REQUIRED
+    assert [t.node for t in admitted(step(n))] == ["n1"]
     assert only(step(failed("n1", target="dra@v25.8.0"))).to_state is S.VALIDATION_REQUIRED  # runs nothing
 
 
@@ -620,7 +656,7 @@ def test_kubelet_the_dra_driver_cannot_talk_to_is_refused_with_the_nodes_named()
     refusal = only_refusal(result)
     assert refusal.reason is RefusalReason.KUBELET_UNSUPPORTED and refusal.nodes == ("old",)
     assert "1.31" in refusal.message and "device plugin" in refusal.message
-    assert [t.node for t in result.transitions if t.to_state is S.WAIT_FOR_JOBS_REQUIRED] == ["new"]
+    assert [t.node for t in admitted(result)] == ["new"]
 
 
 def test_refusal_names_a_release_that_serves_the_kubelet() -> None:
@@ -695,3 +731,36 @@ def test_same_snapshot_same_plan_whatever_the_node_order() -> None:
     assert plan(snapshot(*reversed(nodes)), want, policy) == first
     assert first.transitions and first.states
     assert NOW  # the clock comes only from the snapshot
+
+
+# --- advance: one node's next step between whole plans ---------------------------------------------
+
+
+def test_advance_moves_nodes_in_flight_and_never_starts_one() -> None:
+    flying = in_flight(S.WAIT_FOR_JOBS_REQUIRED, name="a")  # nothing to wait for: old stack off now
+    waiting = node("b", mode=DP)  # a free slot, but starting a node is the whole plan's decision
+    resting = in_flight(
+        S.DRAIN_REQUIRED, name="c", pods=[gpu_pod("job")], annotations={MAINTENANCE_ANNOTATION: "x"}
+    )
+    unselected = in_flight(S.WAIT_FOR_JOBS_REQUIRED, name="d")
+    want = desired(names=["a", "b", "c"])
+    policy = Policy(max_unavailable=IntOrPercent(3), max_parallel=0)
+    steps = advance(snapshot(flying, waiting, resting, unselected), want, policy)
+    assert [(t.node, t.to_state) for t in steps] == [("a", S.WAIT_OLD_GONE)]
+    whole = plan(snapshot(flying, waiting, resting, unselected), want, policy)
+    assert next(t for t in whole.transitions if t.node == "a") == steps[0]
+    assert "b" in [t.node for t in admitted(whole)]
+
+
+def test_what_a_transition_means_for_slots_and_for_the_order_of_writes() -> None:
+    waiting = node("w", mode=DP, state=S.UPGRADE_DONE)  # a new target: it waits for a slot
+    result = plan(
+        snapshot(node("a", mode=DP), waiting),
+        desired(names=["a", "w"]),
+        Policy(max_unavailable=IntOrPercent(1), max_parallel=0),
+    )
+    by_node = {t.node: t for t in result.transitions}
+    assert by_node["a"].starts and not by_node["a"].ends and not by_node["a"].records_waiting
+    assert by_node["w"].records_waiting and not by_node["w"].starts  # only its state label and timer
+    finishing = only(step(in_flight(S.VALIDATION_REQUIRED, mode=DRA, held=False)))
+    assert finishing.ends and finishing.to_state is S.UPGRADE_DONE

@@ -5,7 +5,9 @@ At every observed moment (after each applied plan and after each tick of the wor
   stack while the other advertises them;
 - no more nodes are out of service (cordoned or NotReady) than maxUnavailable, or than were already out;
 - a node cordoned by someone else is never uncordoned;
-- planning twice from one snapshot (in any node order) gives the same plan: a restart resumes exactly.
+- planning twice from one snapshot (in any node order) gives the same plan: a restart resumes exactly;
+- `advance` (one node's next step, between whole plans) gives exactly the plan's steps for nodes in
+  flight, from the whole snapshot or from any part of it; some rounds use it instead of `plan`.
 At the end:
 - every healthy node is upgrade-done (unless the failure budget halted the rollout), so one broken node
   does not stop the others; nothing is left in flight;
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 from upgrade_world import SimNode, SimOperand, SimPod, World, settled_node
 
 from gpuforge.constants import MAINTENANCE_ANNOTATION, NODE_STATE_LABEL, UPGRADE_SKIP_LABEL
-from gpuforge.upgrade import plan
+from gpuforge.upgrade import advance, plan
 from gpuforge.upgrade.labelselector import LabelSelector
 from gpuforge.upgrade.model import (
     DEPLOY_LABELS,
@@ -34,6 +36,7 @@ from gpuforge.upgrade.model import (
     Mode,
     NodeState,
     OnFailure,
+    Plan,
     PodDeletion,
     PodRef,
     Policy,
@@ -143,10 +146,17 @@ def check_moment(world: World, budget: int, pre_cordoned: set[str]) -> None:
     assert unavailable(world) <= budget, f"{unavailable(world)} nodes out of service, allowed {budget}"
 
 
-def check_replan(snapshot: Snapshot, want: Desired, policy: Policy, first: object) -> None:
+def check_replan(snapshot: Snapshot, want: Desired, policy: Policy, first: Plan) -> None:
     shuffled = list(snapshot.nodes)
     random.Random(len(shuffled)).shuffle(shuffled)
     assert plan(replace(snapshot, nodes=tuple(shuffled)), want, policy) == first
+    in_flight = tuple(
+        t for t in first.transitions if t.from_state in IN_FLIGHT_STATES and t.node in want.selected
+    )
+    assert advance(snapshot, want, policy) == in_flight
+    part = {n.name for n in shuffled[: len(shuffled) // 2]}
+    sub = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in part))
+    assert advance(sub, want, policy) == tuple(t for t in in_flight if t.node in part)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -163,12 +173,14 @@ def test_rollouts_keep_the_invariants_and_converge(
     quiet = 0
     for round_ in range(rounds):
         snapshot = world.snapshot()
-        result = plan(snapshot, want, policy)
-        quiet = 0 if result.transitions else quiet + 1
+        full = plan(snapshot, want, policy)
+        quiet = 0 if full.transitions else quiet + 1
         if quiet > 25 and round_ > max(crashes, default=0):  # longer than any step timeout: nothing will move
             break
         if round_ % 7 == 0:
-            check_replan(snapshot, want, policy, result)
+            check_replan(snapshot, want, policy, full)
+        # Some rounds take only the quick steps the operator makes between whole plans.
+        result = Plan(advance(snapshot, want, policy)) if round_ % 3 == 1 else full
         crash_after = random.Random(round_).randint(0, len(result.transitions)) if round_ in crashes else None
         world.apply_plan(result, crash_after=crash_after)
         check_moment(world, budget, pre_cordoned)

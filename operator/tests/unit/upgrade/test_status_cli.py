@@ -35,7 +35,7 @@ def test_plan_report_lists_steps_in_order_with_holds() -> None:
     )
     report = plan_report(result)
     assert [s["node"] for s in report["steps"]] == ["a", "b"]
-    admitted = next(s for s in report["steps"] if s["to"] == "wait-for-jobs-required")
+    admitted = next(s for s in report["steps"] if s["to"] == "wait-old-gone")
     assert admitted["node"] == "b" and "cordon" in admitted["actions"]
     assert report["holds"][0]["reason"] == "MaxUnavailable" and report["holds"][0]["nodes"] == ["a"]
 
