@@ -150,6 +150,8 @@ class UsageController:
             previous = self._seen.get(ref)
             if kind == KIND:  # a quota's own hard, and its parent's carve-out of it
                 touched = {name, str((obj.get("spec") or {}).get("parent") or "")}
+                if event_type != "DELETED" and not self._may_write():
+                    self._export_written(obj)  # the leader writes usage; every replica shows it
             else:  # the quota it is charged to, and the one it was charged to before
                 touched = {label, previous[1] if previous is not None else ""}
             if event_type == "DELETED":
@@ -455,6 +457,13 @@ class UsageController:
             return False
         self._settles_deferred = True
         return True
+
+    def _export_written(self, obj: Obj) -> None:
+        try:
+            quota = quota_from_object(obj)
+        except QuotaSpecError:
+            return  # a quota the webhook refused to parse has no usage to show
+        self._export(quota.name, quota.hard, quota.status.used)
 
     def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:
         for key, amount in hard.items():

@@ -1,5 +1,5 @@
 """The Lease shell (gpuforge.webhook.leader) against an in-memory Lease store with resourceVersion
-preconditions, and the usage controller holding its writes while it does not lead."""
+preconditions, and the usage controller holding its writes while it does not lead (showing the leader's)."""
 
 import json
 from datetime import UTC, datetime, timedelta
@@ -8,6 +8,7 @@ from typing import Any
 from gpuforge.k8s.quota import Conflict
 from gpuforge.webhook.controller import UsageController
 from gpuforge.webhook.leader import LeaderElector
+from gpuforge.webhook.metrics import REGISTRY
 
 from .test_controller import GPU, NOW, MemoryApi, quota
 
@@ -84,3 +85,15 @@ async def test_a_follower_writes_no_usage() -> None:
     await elector.step()
     await controller.reconcile_all()
     assert api.writes == ["a"] and api.quotas["a"]["status"]["used"] == {GPU: "0"}
+
+
+async def test_a_follower_shows_the_usage_the_leader_wrote() -> None:
+    store = Leases()
+    store._store({"holderIdentity": "other", "leaseDurationSeconds": 15})
+    elector = LeaderElector(store, "ns", "l", identity="me", clock=lambda: NOW)  # type: ignore[arg-type]
+    await elector.step()
+    controller = UsageController(MemoryApi([], []), lambda: NOW, leader=elector)  # type: ignore[arg-type]
+    controller._listener("GpuQuota")("MODIFIED", quota("shown-by-follower", 7))
+    used = REGISTRY.get_sample_value("gpuforge_quota_used", {"quota": "shown-by-follower", "key": GPU})
+    hard = REGISTRY.get_sample_value("gpuforge_quota_hard", {"quota": "shown-by-follower", "key": GPU})
+    assert (used, hard) == (7.0, 16.0)
