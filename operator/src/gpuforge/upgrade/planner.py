@@ -767,9 +767,10 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
     candidates: list[GpuNode] = []
     failed: list[str] = []
 
-    def hold(reason: HoldReason, name: str, message: str) -> None:
+    def hold(reason: HoldReason, name: str, message: str) -> str:
         holds.setdefault(reason, []).append(name)
         hold_text.setdefault(reason, message)
+        return f"waiting: {message}"
 
     def add(node: GpuNode, step: _Step) -> None:
         transition = _transition(ctx, node, step)
@@ -876,26 +877,28 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
     for node in candidates:
         waiting = _Step(NodeState.UPGRADE_REQUIRED)
         if policy.skip_label and node.labels.get(policy.skip_label) == "true":
-            hold(HoldReason.SKIPPED, node.name, f"nodes labelled {policy.skip_label}=true are left alone")
+            waiting.message = hold(
+                HoldReason.SKIPPED, node.name, f"nodes labelled {policy.skip_label}=true are left alone"
+            )
         elif not node.ready:
-            hold(HoldReason.NOT_READY, node.name, "NotReady nodes are not started")
+            waiting.message = hold(HoldReason.NOT_READY, node.name, "NotReady nodes are not started")
         elif policy.paused:
-            hold(HoldReason.PAUSED, node.name, "the upgrade policy is paused")
+            waiting.message = hold(HoldReason.PAUSED, node.name, "the upgrade policy is paused")
         elif halted:
-            hold(
+            waiting.message = hold(
                 HoldReason.HALTED,
                 node.name,
                 f"{len(failed)} node(s) failed on {ctx.fingerprint}: {_names(failed)}; "
                 "fix or relabel them (state upgrade-required) to go on",
             )
         elif policy.max_parallel and in_progress >= policy.max_parallel:
-            hold(
+            waiting.message = hold(
                 HoldReason.MAX_PARALLEL,
                 node.name,
                 f"{in_progress} of at most {policy.max_parallel} node(s) in progress",
             )
         elif not node.unschedulable and budget < 1:
-            hold(
+            waiting.message = hold(
                 HoldReason.MAX_UNAVAILABLE,
                 node.name,
                 f"{max_unavailable - budget} of at most {max_unavailable} node(s) unavailable "
