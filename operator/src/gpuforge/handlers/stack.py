@@ -218,6 +218,7 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
                     steps is not None
                     and nodes
                     and cache is not None
+                    and not whole  # the stack changed: its old target must not move nodes any more
                     and not await asyncio.to_thread(_quick, kube, name, steps, nodes, cache, since)
                 ):
                     steps = None  # the cache cannot answer: whole passes only
