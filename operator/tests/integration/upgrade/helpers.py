@@ -81,22 +81,34 @@ class NodeSample:
 
 
 def sample_nodes(api_client: Any) -> dict[str, NodeSample]:
+    """Nodes and the GPU driver's ResourceSlices at one moment: the slices are read at exactly the
+    resourceVersion of the node list (etcd's revision is global), so a node uncordoned right after its
+    slices appeared is never seen uncordoned without them, nor a switching node with both."""
     from kubernetes import client
 
     core: Any = client.CoreV1Api(api_client)
     custom: Any = client.CustomObjectsApi(api_client)
+    nodes = core.list_node()
     slices: dict[str, int] = {}
     for version in ("v1", "v1beta2", "v1beta1"):
         try:
-            items = custom.list_cluster_custom_object("resource.k8s.io", version, "resourceslices")["items"]
-        except client.ApiException:
-            continue
+            items = custom.list_cluster_custom_object(
+                "resource.k8s.io",
+                version,
+                "resourceslices",
+                resource_version=nodes.metadata.resource_version,
+                resource_version_match="Exact",
+            )["items"]
+        except client.ApiException as error:
+            if error.status == 404:
+                continue
+            raise
         for item in items:
             if item["spec"].get("driver") == "gpu.nvidia.com" and item["spec"].get("nodeName"):
                 slices[item["spec"]["nodeName"]] = slices.get(item["spec"]["nodeName"], 0) + 1
         break
     out = {}
-    for node in core.list_node().items:
+    for node in nodes.items:
         allocatable = (node.status.allocatable or {}).get("nvidia.com/gpu", "0")
         out[node.metadata.name] = NodeSample(
             bool(node.spec.unschedulable),
