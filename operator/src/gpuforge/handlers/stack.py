@@ -206,7 +206,6 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
         last_end = last_whole = time.monotonic()
         interval = 0.0
         pending: float | None = None  # the first change since the last whole pass began
-        first = True
         while not stopped:
             since, nodes, whole = wake.take()
             started = time.monotonic()
@@ -223,15 +222,14 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
                 ):
                     steps = None  # the cache cannot answer: whole passes only
                 now = time.monotonic()
-                due = (
-                    first
-                    or whole
+                due = (  # the first time round, `steps` is None
+                    whole
                     or steps is None
                     or now - last_whole >= interval
                     or (pending is not None and now - last_whole >= WHOLE_PASS_EVERY)
                 )
                 if due:
-                    first, woken_at, pending = False, pending, None
+                    woken_at, pending = pending, None
                     outcome = await asyncio.to_thread(_pass, kube, name, cache, woken_at)
                     steps = outcome.steps if outcome is not None else None
                     interval = IDLE_RESYNC if outcome is None or outcome.settled else BUSY_RESYNC

@@ -168,7 +168,7 @@ class _Upgrade:
     problems: tuple[Problem, ...]
     status: dict[str, Any]
     progress: str  # for the Progressing condition; "" when nothing moves
-    steps: StepContext | None = None  # without dra_api and served, which the caller knows
+    steps: StepContext | None = None  # for quick steps; None when no node is in flight
 
 
 def _upgrade(
@@ -178,6 +178,7 @@ def _upgrade(
     view: ClusterView,
     placement: Placement,
     cache: ClusterCache | None,
+    dra_api: str | None,
     woken_at: float | None,
     watch: _Stopwatch,
 ) -> _Upgrade | None:
@@ -212,14 +213,14 @@ def _upgrade(
         more = f" and {len(moving) - 5} more" if len(moving) > 5 else ""
         progress = f"{len(moving)} node(s) in progress: {shown}{more}; {waiting} waiting"
     flying = bool(moving)
+    context = StepContext(desired, policy, dra_api, view.served, waiting > 0)
     if cache is not None and waiting and applied.changes and any(t.ends for t in plan.transitions):
         # Nodes finished in this pass: fill their slots now rather than at the next pass.
-        context = StepContext(desired, policy, cache.resource_api, view.served, True)
         freed = freed_at(plan.transitions, view.changed_at, woken_at)
         started = admit_into_freed_slots(kube, context, cache, freed, now)
         applied, flying = applied + started, flying or bool(started.changes)
         watch.lap("nodes")
-    steps = StepContext(desired, policy, None, view.served, waiting > 0) if flying else None
+    steps = context if flying else None
     return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress, steps)
 
 
@@ -250,7 +251,7 @@ def reconcile(
     error = None
     upgrade: _Upgrade | None = None
     try:
-        upgrade = _upgrade(kube, stack, body, view, placement, cache, woken_at, watch)
+        upgrade = _upgrade(kube, stack, body, view, placement, cache, dra_api, woken_at, watch)
         if upgrade is not None:
             labelled = len(upgrade.plan.transitions)
             after = labels_after(view.nodes, upgrade.plan)
@@ -271,8 +272,7 @@ def reconcile(
         digest = hashlib.sha256(json.dumps([desired, sorted(shared)], sort_keys=True).encode()).hexdigest()
         last = _last_applied.get(stack.uid or name)
         moving = upgrade is not None and upgrade.steps is not None  # nodes in flight: no drift resync
-        stale = time.monotonic() - last[1] > RESYNC_SECONDS if last is not None else True
-        if last is None or last[0] != digest or (stale and not moving):
+        if last is None or last[0] != digest or (not moving and time.monotonic() - last[1] > RESYNC_SECONDS):
             for obj in desired:
                 if object_key(obj) not in shared:
                     kube.apply(obj)
@@ -318,9 +318,7 @@ def reconcile(
         upgrade.plan if upgrade else None,
         upgrade.applied if upgrade else None,
         watch.phases,
-        dataclasses.replace(upgrade.steps, dra_api=dra_api)
-        if upgrade and upgrade.steps and not error
-        else None,
+        upgrade.steps if upgrade and not error else None,
     )
 
 

@@ -145,30 +145,40 @@ def quick_steps(
     cache alone, applied at once: a node whose old plugin just went away gets the new one without waiting
     for a pass over the whole cluster. When a node finishes, the slot it frees is filled at once
     (`admit_into_freed_slots`). None when the cache has not synced."""
-    cached = cache.read(context.dra_api)
-    if cached.nodes is None or cached.pods is None or cached.slices is None or cached.claims is None:
+    view = _cached_view(cache, context)
+    if view is None:
         return None
     wanted = set(names) & context.desired.selected
     if not wanted:
         return NOTHING
     snapshot = snapshot_from_objects(
-        [n for n in cached.nodes if n["metadata"]["name"] in wanted],
-        cached.pods,
-        cached.slices,
+        [n for n in view.nodes if n["metadata"]["name"] in wanted],
+        view.pods,
+        view.slices,
         now=now,
-        claims=cached.claims,
-        served_resource_versions=context.served,
+        claims=view.claims,
+        served_resource_versions=view.served,
         names=wanted,
         memo=_QUICK_MEMO,
     )
     steps = advance(snapshot, context.desired, context.policy)
     if not steps:
         return NOTHING
-    applied = apply_plan(kube, Plan(steps), snapshot, cache, woken_at, cached.changed_at)
+    applied = apply_plan(kube, Plan(steps), snapshot, cache, woken_at, view.changed_at)
     if context.waiting and any(t.ends for t in steps):
-        freed = freed_at(steps, cached.changed_at, woken_at)
+        freed = freed_at(steps, view.changed_at, woken_at)
         applied = applied + admit_into_freed_slots(kube, context, cache, freed, now)
     return applied
+
+
+def _cached_view(cache: ClusterCache, context: StepContext) -> ClusterView | None:
+    """Everything a plan reads, from the cache alone; None when some kind has not synced."""
+    cached = cache.read(context.dra_api)
+    if cached.nodes is None or cached.pods is None or cached.slices is None or cached.claims is None:
+        return None
+    return ClusterView(
+        cached.nodes, cached.pods, cached.slices, cached.claims, context.served, cached.changed_at
+    )
 
 
 def freed_at(
@@ -187,17 +197,14 @@ def admit_into_freed_slots(
     """Start the nodes the whole plan starts now, from a fresh read of the cache (which holds our own
     writes): right after nodes finished, rather than at the next whole pass. Only admissions are applied;
     maxUnavailable and maxParallel are weighed over every node, as in any plan."""
-    cached = cache.read(context.dra_api)
-    if cached.nodes is None or cached.pods is None or cached.slices is None or cached.claims is None:
+    view = _cached_view(cache, context)
+    if view is None:
         return NOTHING
-    view = ClusterView(
-        cached.nodes, cached.pods, cached.slices, cached.claims, context.served, cached.changed_at
-    )
     snapshot = snapshot_of(view, context.desired.stack, context.desired.selected, now)
     starts = tuple(t for t in plan_upgrade(snapshot, context.desired, context.policy).transitions if t.starts)
     if not starts:
         return NOTHING
-    return apply_plan(kube, Plan(starts), snapshot, cache, woken_at, cached.changed_at)
+    return apply_plan(kube, Plan(starts), snapshot, cache, woken_at, view.changed_at)
 
 
 @dataclass(frozen=True)
