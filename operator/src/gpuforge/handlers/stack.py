@@ -91,8 +91,9 @@ class Wake:
 
 
 def _wakes(memo: kopf.Memo) -> set[Wake]:
-    if "wakes" not in memo:
-        memo["wakes"] = set()
+    """Every daemon's alarm. The set is made at startup, before any GpuStack is seen: kopf gives each
+    object a shallow copy of the operator's memo when it first sees it, so a set made later in either
+    memo would not be shared (node changes would then wake no daemon, and only timers would run passes)."""
     wakes: set[Wake] = memo["wakes"]
     return wakes
 
@@ -105,6 +106,7 @@ def _wake_all(memo: kopf.Memo, node: str | None = None, *, whole: bool = False) 
 @kopf.on.startup()
 async def start_cache(memo: kopf.Memo, **_: Any) -> None:
     """The watch-fed cache of nodes, pods, slices and claims, shared by every GpuStack's passes."""
+    memo["wakes"] = set()  # first: see _wakes
     cache = ClusterCache(memo["kube"], lambda node: _wake_all(memo, node))
     await cache.start()
     memo["cache"] = cache
