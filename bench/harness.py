@@ -44,9 +44,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def install_crd(cluster: DevCluster) -> None:
+def install_crd(cluster: DevCluster, timeout: float = 60) -> None:
+    """Apply the GpuStack CRD and wait until it is served (`kubectl wait` can fail at once on a CRD the
+    API server has only just stored: it is asked again)."""
     cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "--timeout=60s")
+    deadline = time.monotonic() + timeout
+    while True:
+        done = cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "--timeout=10s", check=False
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the GpuStack CRD is not served after {timeout:.0f}s: {done.stderr.strip()}")
+        time.sleep(1)
 
 
 @dataclass(frozen=True)
