@@ -572,6 +572,11 @@ class Plan:
     # Nodes that failed on the current target, sorted.
     failed: tuple[str, ...] = ()
     target: str = ""  # "<mode>@<version>"
+    # The nodes started under maxUnavailable/maxParallel by this plan (their transitions are among
+    # `transitions`), and every node that only a slot holds back, in the order they get one (the
+    # admitted ones first).
+    admitted: tuple[str, ...] = ()
+    queue: tuple[str, ...] = ()
 
     def counts(self) -> dict[NodeState, int]:
         out: dict[NodeState, int] = {}
