@@ -199,7 +199,7 @@ def _upgrade(
     moving = in_flight(plan)
     waiting = plan.counts().get(NodeState.UPGRADE_REQUIRED, 0)
     flying = bool(moving or plan.admitted)
-    context = StepContext(desired, policy, dra_api, view.served, waiting > 0, plan.queue)
+    context = StepContext.of(plan, desired, policy, dra_api, view.served)
     applied = NOTHING
     if stepper is None:
         applied = apply_plan(kube, plan, snapshot, cache, woken_at, view.changed_at)

@@ -132,8 +132,14 @@ class StepContext:
     policy: Policy
     dra_api: str | None
     served: frozenset[str]
-    waiting: bool  # some selected node waits for a slot (upgrade-required)
+    waiting: bool  # some selected node waits for a slot, or starts in this pass (Plan.queue)
     queue: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls, plan: Plan, desired: Desired, policy: Policy, dra_api: str | None, served: frozenset[str]
+    ) -> StepContext:
+        return cls(desired, policy, dra_api, served, bool(plan.queue), plan.queue)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
     COMPONENT_DRA_KUBELET_PLUGIN,
@@ -287,9 +289,12 @@ def test_admissions_in_flight_count_as_landed_uncordons_only_once_landed() -> No
     assert DEPLOY_DEVICE_PLUGIN_LABEL in nodes[0]["metadata"]["labels"]  # the cached copy is untouched
 
 
-def test_a_migration_by_quick_steps_and_slot_filling_keeps_max_unavailable_and_finishes() -> None:
-    names = [f"n{i:02d}" for i in range(40)]
-    budget = 4
+@pytest.mark.parametrize(("nodes", "budget"), [(40, 4), (3, 3), (1, 1)])
+def test_a_migration_by_quick_steps_and_slot_filling_keeps_max_unavailable_and_finishes(
+    nodes: int, budget: int
+) -> None:
+    """With nodes left waiting, and with every node started by the one whole pass."""
+    names = [f"n{i:02d}" for i in range(nodes)]
     cluster = Cluster(names, budget=budget, latency=0.01, seed=7)
     desired = Desired(Mode.DRA, VERSIONS, frozenset(names), stack="gpus")
     policy = Policy(max_unavailable=IntOrPercent(budget), max_parallel=0)
@@ -308,8 +313,7 @@ def test_a_migration_by_quick_steps_and_slot_filling_keeps_max_unavailable_and_f
         mark = writer.mark()
         snapshot = cluster.snapshot(set(names))
         result = plan(snapshot, desired, policy)
-        waiting = any(s is NodeState.UPGRADE_REQUIRED for s in result.states.values())
-        stepper.use(StepContext(desired, policy, "v1", frozenset({"v1"}), waiting, result.queue), mark)
+        stepper.use(StepContext.of(result, desired, policy, "v1", frozenset({"v1"})), mark)
         stepper.whole_pass(result, snapshot, mark, time.monotonic(), {})
 
     # One whole pass: its queue goes stale at once (nodes it lists start and finish), and quick steps
