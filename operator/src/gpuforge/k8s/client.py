@@ -160,7 +160,7 @@ class Kube:
     ) -> Kube:
         """Credentials from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster account."""
         configuration = kubernetes.client.Configuration()
-        configuration.connection_pool_maxsize = 32  # the upgrade engine writes to many nodes side by side
+        configuration.connection_pool_maxsize = 64  # the upgrade engine writes to many nodes side by side
         try:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
         except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):

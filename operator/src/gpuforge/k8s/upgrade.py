@@ -177,7 +177,7 @@ NOTHING = Applied(0, (), 0, 0, 0, ())
 
 
 # Nodes are independent: their transitions are carried out side by side (one at a time per node).
-APPLY_WORKERS = 16
+APPLY_WORKERS = 32
 # Events change no decision: they are posted in the background, after the node patch they tell about.
 _EVENTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuforge-events")
 # "upgrade-required" records change nothing on their nodes: one writer, behind the steps that move nodes.
