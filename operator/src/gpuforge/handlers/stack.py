@@ -14,6 +14,7 @@ what is in the cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ log = logging.getLogger("gpuforge.operator")
 IDLE_RESYNC = 30.0  # level-based resync of a settled stack (drift, served API versions)
 ERROR_INTERVAL = 5.0
 DEBOUNCE = 0.2  # after a change, wait this long for the rest of its burst (a batch of 100 node updates)
-QUICK_DEBOUNCE = 0.02  # while nodes are in flight: a node's change is acted on this soon, for that node
+QUICK_DEBOUNCE = 0.005  # while nodes are in flight: a node's change is acted on this soon, for that node
 # While nodes are in flight, whole passes come this often (quick steps move the nodes in between): they
 # refresh the status and the operands, catch timers and anything else.
 WHOLE_PASS_EVERY = 5.0
@@ -222,7 +223,8 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
     wake = Wake()
 
     def look_again(node: str) -> None:  # from the writer's threads
-        loop.call_soon_threadsafe(wake.ring, node)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the operator is stopping
+            loop.call_soon_threadsafe(wake.ring, node)
 
     stepper: Stepper | None = None
     quick: asyncio.Task[None] | None = None
