@@ -106,6 +106,7 @@ class NodeState(enum.StrEnum):
 
 
 # States in which we are working on the node (we hold it; the initial-unschedulable annotation is set).
+_NODE_STATES: dict[str, NodeState] = {state.value: state for state in NodeState}  # label -> state
 IN_FLIGHT_STATES: Final = frozenset(
     {
         NodeState.WAIT_FOR_JOBS_REQUIRED,
@@ -215,11 +216,7 @@ class GpuNode:
     @property
     def state(self) -> NodeState | None:
         """The upgrade state label; None if absent or not a value we know (then it is derived again)."""
-        value = self.labels.get(NODE_STATE_LABEL)
-        try:
-            return NodeState(value) if value else None
-        except ValueError:
-            return None
+        return _NODE_STATES.get(self.labels.get(NODE_STATE_LABEL) or "")
 
     @property
     def state_since(self) -> datetime | None:
