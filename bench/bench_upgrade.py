@@ -9,18 +9,24 @@ the wall time is mostly the operator's passes and the control plane's work. Repo
   window (a node that finishes frees its slot for the next), so a batch of 100 takes one node cycle, and
   the operator's share of a node's cycle is the sum over its steps (admission with cordon and old stack
   off; new stack on; uncordon) of the time from the change allowing the step reaching the operator (the
-  latest watch event about that node before the pass's snapshot; for an admission, the event or spec
-  change that woke the pass) to the step's node patch landing: debounce, waiting for a pass already
-  running, and the pass itself
-  (gpuforge_upgrade_step_reaction_seconds, summed over the migration, divided by the nodes). The rest of
-  the cycle is the cluster's: kwok deleting and starting pods, the simulated agent advertising, watch
-  delivery;
-- for comparison, how busy the operator was per batch: the summed wall time of its reconcile passes
-  (gpuforge_reconcile_duration_seconds, API round trips included; passes overlap the cluster's work)
-  plus the time changes waited for a pass (gpuforge_reconcile_wake_delay_seconds), with the number of
-  passes and the operator process's CPU time per batch;
+  latest watch event about that node; for an admission, the change that let the node whose slot it takes
+  finish, or the spec change) to the step's node patch landing: debounce, planning, waiting for a free
+  writer, and the patch's round trip (gpuforge_upgrade_step_reaction_seconds, summed over the migration,
+  divided by the nodes). The rest of the cycle is the cluster's: kwok deleting and starting pods, the
+  simulated agent advertising, watch delivery. (An admission's time includes the uncordon of the node it
+  replaces, which that node's own uncordon step counts too, so the sum over-counts a slot's cycle by the
+  uncordon: the figure is on the safe side.)
+- what the API server's answers cost inside those reactions: the average round trip of a node patch and
+  of an event (gpuforge_api_request_duration_seconds);
+- time nodes spent in wait-old-gone and validation-required on average (gpuforge_upgrade_step_seconds):
+  with the operator's time for admission, the node cycle, to check against the wall time per batch;
+- for comparison, how busy the operator was per batch: the summed wall time of its whole passes
+  (gpuforge_reconcile_duration_seconds, API round trips included) and of its quick steps (planned and
+  queued; the two run side by side and overlap the cluster's work), with the number of passes and the
+  operator process's CPU time per batch;
 - API requests per node migrated (gpuforge_api_requests_total during the migration / nodes);
-- the operator process's peak memory (VmHWM).
+- the operator process's peak memory (VmHWM), and the machine's load average (other work on the same two
+  cores slows the API server: compare runs made under similar load).
 Targets (issue 5): under 2 s per batch of 100 nodes, under 30 requests per node.
 
 Usage: python bench/bench_upgrade.py --out bench/results/upgrade.json [--nodes 1000]
@@ -71,6 +77,17 @@ SUMS = {
     "quick": r"^gpuforge_quick_step_seconds_sum\{.*\} (\S+)$",
     "reaction": r"^gpuforge_upgrade_step_reaction_seconds_sum\{.*\} (\S+)$",
     "steps": r"^gpuforge_upgrade_step_reaction_seconds_count\{.*\} (\S+)$",
+    **{
+        f"{what} {part}": rf"^gpuforge_api_request_duration_seconds_{part}"
+        rf'\{{(?=[^}}]*verb="{verb}")(?=[^}}]*resource="{resource}")[^}}]*\}} (\S+)$'
+        for what, verb, resource in (("patch", "patch", "nodes"), ("event", "create", "events"))
+        for part in ("sum", "count")
+    },
+    **{
+        f"in {state} {part}": rf'^gpuforge_upgrade_step_seconds_{part}\{{.*state="{state}"\}} (\S+)$'
+        for state in ("wait-old-gone", "validation-required")
+        for part in ("sum", "count")
+    },
     **{
         f"phase {phase}": rf'^gpuforge_reconcile_phase_seconds_sum\{{.*phase="{phase}".*\}} (\S+)$'
         for phase in PHASES
@@ -152,7 +169,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="sample the operator with py-spy during the migration (collapsed stacks, for flame graphs)",
+        help="sample the operator's Python CPU with py-spy during the migration (collapsed stacks, for"
+        " flame graphs; `pip install py-spy`)",
     )
     args = parser.parse_args()
     batches = math.ceil(100 / MAX_UNAVAILABLE_PERCENT)
@@ -194,8 +212,9 @@ def main() -> None:
                             str(process.pid),
                             "--format",
                             "raw",
+                            "--gil",  # only the thread holding the GIL: where the operator's CPU goes
                             "--rate",
-                            "50",
+                            "25",
                             "--output",
                             str(args.profile),
                         ],
@@ -235,7 +254,12 @@ def main() -> None:
         for step, (total, n) in after["by_step"].items()
     }
     added_per_batch = reaction / args.nodes  # a node cycle per batch: see the module docstring
-    busy_per_batch = (operator_seconds + quick + wake_delay) / batches
+    busy_per_batch = (operator_seconds + quick) / batches
+
+    def mean(what: str) -> float:
+        return diff[f"{what} sum"] / max(diff[f"{what} count"], 1)
+
+    in_states = mean("in wait-old-gone") + mean("in validation-required")
     per_node = requests / args.nodes
     rows = [
         {
@@ -266,22 +290,39 @@ def main() -> None:
             if n
         ),
         {
-            "name": f"operator busy per batch of {args.nodes // batches} (passes + waits)",
+            "name": "  a node patch's round trip, on average",
+            "value": round(mean("patch"), 3),
+            "unit": "s",
+            "note": f"{int(diff['patch count'])} node patches",
+        },
+        {
+            "name": "  an event's round trip, on average (in the background)",
+            "value": round(mean("event"), 3),
+            "unit": "s",
+        },
+        {
+            "name": "node cycle: time in wait-old-gone + validation-required, on average",
+            "value": round(in_states, 2),
+            "unit": "s",
+            "note": "plus the admission's time, about the wall time per batch",
+        },
+        {
+            "name": f"operator busy per batch of {args.nodes // batches} (whole passes + quick steps)",
             "value": round(busy_per_batch, 2),
             "unit": "s",
         },
         {
-            "name": "  of which: reconcile passes",
+            "name": "  of which: whole passes",
             "value": round(operator_seconds / batches, 2),
             "unit": "s",
         },
         {
-            "name": "  of which: quick steps (nodes that changed, between passes)",
+            "name": "  of which: quick steps (nodes that changed, planned and queued)",
             "value": round(quick / batches, 2),
             "unit": "s",
         },
         {
-            "name": "  of which: changes waiting for a pass",
+            "name": "  changes waiting for a whole pass (debounce, while nothing is in flight)",
             "value": round(wake_delay / batches, 2),
             "unit": "s",
         },
