@@ -14,32 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from harness import ROOT, install_crd, operator, peak_rss_mib
 
 from gpuforge.devcluster.cluster import DevCluster
 from gpuforge.devcluster.pools import uniform_pools
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
 from gpuforge.k8s.stack import reconcile
-
-ROOT = Path(__file__).resolve().parents[1]
-GPUFORGE = Path(sys.executable).with_name("gpuforge")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cached_noop(kube: Kube) -> tuple[float, int]:
@@ -55,9 +42,7 @@ def _cached_noop(kube: Kube) -> tuple[float, int]:
     cache = ClusterCache(kube, lambda _node: None)
     try:
         on_loop(cache.start())
-        reconcile(
-            kube, "gpus", cache
-        )  # the cache learns the resource.k8s.io version here
+        reconcile(kube, "gpus", cache)  # the cache learns the resource.k8s.io version here
         time.sleep(0.5)
         assert on_loop(cache.wait_synced(60)), "the cluster cache did not sync"
         reconcile(kube, "gpus", cache)
@@ -65,35 +50,13 @@ def _cached_noop(kube: Kube) -> tuple[float, int]:
         cpu = time.process_time()
         outcome = reconcile(kube, "gpus", cache)
         noop_cpu = time.process_time() - cpu
-        requests = sum(
-            n for (verb, _), n in kube.requests.items() if verb not in ("watch",)
-        )
+        requests = sum(n for (verb, _), n in kube.requests.items() if verb not in ("watch",))
         assert outcome is not None and outcome.labelled == 0
         return noop_cpu, requests
     finally:
         on_loop(cache.stop())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
-
-
-def _peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _requests(metrics_port: int) -> float:
-    with urllib.request.urlopen(
-        f"http://127.0.0.1:{metrics_port}/metrics", timeout=10
-    ) as response:
-        text = response.read().decode()
-    return sum(
-        float(m[1])
-        for m in re.finditer(
-            r"^gpuforge_api_requests_total\{.*\} (\S+)$", text, re.MULTILINE
-        )
-    )
 
 
 def main() -> None:
@@ -105,75 +68,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-operator-") as tmp:
         cluster = DevCluster("bench-operator", Path(tmp))
         cluster.up("1.36", uniform_pools(args.nodes))
-        operator = None
         try:
-            cluster.kubectl(
-                "apply",
-                "--server-side",
-                "-f",
-                str(ROOT / "operator/deploy/crds/gpustacks.gpuforge.io.yaml"),
-            )
-            cluster.kubectl(
-                "wait",
-                "--for=condition=Established",
-                "crd/gpustacks.gpuforge.io",
-                "--timeout=60s",
-            )
-            metrics_port = _free_port()
-            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-            with (Path(tmp) / "operator.log").open("wb") as log:
-                operator = subprocess.Popen(
-                    [
-                        str(GPUFORGE),
-                        "operator",
-                        "run",
-                        f"--kubeconfig={cluster.kubeconfig}",
-                        "--bind=127.0.0.1",
-                        f"--metrics-port={metrics_port}",
-                        f"--liveness-port={_free_port()}",
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            time.sleep(3)
-            started = time.monotonic()
-            cluster.kubectl(
-                "apply", "-f", str(ROOT / "examples/gpustack-device-plugin.yaml")
-            )
-            wanted = f"{args.nodes}/{args.nodes}"
-            while True:
-                out = cluster.kubectl(
-                    "get", "gpustack", "gpus", "-o", "json", check=False
-                ).stdout
-                status = json.loads(out).get("status", {}) if out else {}
-                if (
-                    status.get("phase") == "Ready"
-                    and status.get("nodesReady") == wanted
-                ):
-                    break
-                if time.monotonic() - started > 600:
-                    raise SystemExit(
-                        f"not Ready after 600 s: {status.get('nodesReady')}"
-                    )
-                time.sleep(0.5)
-            ready_seconds = time.monotonic() - started
-            requests = _requests(metrics_port)
-            peak = _peak_rss_mib(operator.pid)
+            install_crd(cluster)
+            with operator(cluster, Path(tmp) / "operator.log") as process:
+                started = time.monotonic()
+                cluster.kubectl("apply", "-f", str(ROOT / "examples/gpustack-device-plugin.yaml"))
+                wanted = f"{args.nodes}/{args.nodes}"
+                while True:
+                    out = cluster.kubectl("get", "gpustack", "gpus", "-o", "json", check=False).stdout
+                    status = json.loads(out).get("status", {}) if out else {}
+                    if status.get("phase") == "Ready" and status.get("nodesReady") == wanted:
+                        break
+                    if time.monotonic() - started > 600:
+                        raise SystemExit(f"not Ready after 600 s: {status.get('nodesReady')}")
+                    time.sleep(0.5)
+                ready_seconds = time.monotonic() - started
+                requests = process.requests()
+                peak = peak_rss_mib(process.pid)
 
-            kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-            reconcile(kube, "gpus")  # warm caches (compat data, templates)
-            kube.requests.clear()
-            cpu = time.process_time()
-            outcome = reconcile(kube, "gpus")
-            list_cpu = time.process_time() - cpu
-            list_requests = sum(kube.requests.values())
-            assert outcome is not None and outcome.labelled == 0
-            noop_cpu, noop_requests = _cached_noop(kube)
+                kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+                reconcile(kube, "gpus")  # warm caches (compat data, templates)
+                kube.requests.clear()
+                cpu = time.process_time()
+                outcome = reconcile(kube, "gpus")
+                list_cpu = time.process_time() - cpu
+                list_requests = sum(kube.requests.values())
+                assert outcome is not None and outcome.labelled == 0
+                noop_cpu, noop_requests = _cached_noop(kube)
         finally:
-            if operator is not None:
-                operator.terminate()
-                operator.wait(timeout=30)
             cluster.down()
 
     rows = [

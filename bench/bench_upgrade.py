@@ -9,18 +9,24 @@ the wall time is mostly the operator's passes and the control plane's work. Repo
   window (a node that finishes frees its slot for the next), so a batch of 100 takes one node cycle, and
   the operator's share of a node's cycle is the sum over its steps (admission with cordon and old stack
   off; new stack on; uncordon) of the time from the change allowing the step reaching the operator (the
-  latest watch event about that node before the pass's snapshot; for an admission, the event or spec
-  change that woke the pass) to the step's node patch landing: debounce, waiting for a pass already
-  running, and the pass itself
-  (gpuforge_upgrade_step_reaction_seconds, summed over the migration, divided by the nodes). The rest of
-  the cycle is the cluster's: kwok deleting and starting pods, the simulated agent advertising, watch
-  delivery;
-- for comparison, how busy the operator was per batch: the summed wall time of its reconcile passes
-  (gpuforge_reconcile_duration_seconds, API round trips included; passes overlap the cluster's work)
-  plus the time changes waited for a pass (gpuforge_reconcile_wake_delay_seconds), with the number of
-  passes and the operator process's CPU time per batch;
+  latest watch event about that node; for an admission, the change that let the node whose slot it takes
+  finish, or the spec change) to the step's node patch landing: debounce, planning, waiting for a free
+  writer, and the patch's round trip (gpuforge_upgrade_step_reaction_seconds, summed over the migration,
+  divided by the nodes). The rest of the cycle is the cluster's: kwok deleting and starting pods, the
+  simulated agent advertising, watch delivery. (An admission's time includes the uncordon of the node it
+  replaces, which that node's own uncordon step counts too, so the sum over-counts a slot's cycle by the
+  uncordon: the figure is on the safe side.)
+- what the API server's answers cost inside those reactions: the average round trip of a node patch and
+  of an event (gpuforge_api_request_duration_seconds);
+- time nodes spent in wait-old-gone and validation-required on average (gpuforge_upgrade_step_seconds):
+  with the operator's time for admission, the node cycle, to check against the wall time per batch;
+- for comparison, how busy the operator was per batch: the summed wall time of its whole passes
+  (gpuforge_reconcile_duration_seconds, API round trips included) and of its quick steps (planned and
+  queued; the two run side by side and overlap the cluster's work), with the number of passes and the
+  operator process's CPU time per batch;
 - API requests per node migrated (gpuforge_api_requests_total during the migration / nodes);
-- the operator process's peak memory (VmHWM).
+- the operator process's peak memory (VmHWM), and the machine's load average (other work on the same two
+  cores slows the API server: compare runs made under similar load).
 Targets (issue 5): under 2 s per batch of 100 nodes, under 30 requests per node.
 
 Usage: python bench/bench_upgrade.py --out bench/results/upgrade.json [--nodes 1000]
@@ -35,72 +41,23 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from harness import Operator, cpu_seconds, install_crd, operator, peak_rss_mib
 
 from gpuforge.devcluster.cluster import DevCluster
 from gpuforge.devcluster.pools import uniform_pools
 
-ROOT = Path(__file__).resolve().parents[1]
-GPUFORGE = Path(sys.executable).with_name("gpuforge")
 MAX_UNAVAILABLE_PERCENT = 10
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _metric_sum(metrics_port: int, pattern: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(float(m[1]) for m in re.finditer(pattern, text, re.MULTILINE))
-
-
-def _requests(port: int) -> float:
-    return _metric_sum(port, r"^gpuforge_api_requests_total\{.*\} (\S+)$")
-
-
-def _reconcile_seconds(port: int) -> float:
-    return _metric_sum(port, r"^gpuforge_reconcile_duration_seconds_sum\{.*\} (\S+)$")
-
-
-def _passes(port: int) -> float:
-    return _metric_sum(port, r"^gpuforge_reconcile_duration_seconds_count\{.*\} (\S+)$")
-
-
-def _wake_delay_seconds(port: int) -> float:
-    return _metric_sum(port, r"^gpuforge_reconcile_wake_delay_seconds_sum\{.*\} (\S+)$")
-
-
-def _quick_seconds(port: int) -> float:
-    return _metric_sum(port, r"^gpuforge_quick_step_seconds_sum\{.*\} (\S+)$")
-
-
-def _reactions_by_step(port: int) -> dict[str, tuple[float, float]]:
+def _reactions_by_step(text: str) -> dict[str, tuple[float, float]]:
     """Per step (the state entered): (summed seconds, count) of gpuforge_upgrade_step_reaction_seconds."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
     out: dict[str, tuple[float, float]] = {}
     for m in re.finditer(
         r'^gpuforge_upgrade_step_reaction_seconds_(sum|count)\{.*step="([^"]+)".*\} (\S+)$', text, re.M
@@ -110,22 +67,41 @@ def _reactions_by_step(port: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _reaction_seconds(port: int) -> float:
-    return _metric_sum(port, r"^gpuforge_upgrade_step_reaction_seconds_sum\{.*\} (\S+)$")
-
-
-def _reaction_steps(port: int) -> float:
-    return _metric_sum(port, r"^gpuforge_upgrade_step_reaction_seconds_count\{.*\} (\S+)$")
-
-
 PHASES = ("read", "plan", "nodes", "operands", "status")
-
-
-def _phase_seconds(port: int) -> dict[str, float]:
-    return {
-        phase: _metric_sum(port, rf'^gpuforge_reconcile_phase_seconds_sum\{{.*phase="{phase}".*\}} (\S+)$')
+# Figure -> the metric samples summed for it (group 1: the value).
+SUMS = {
+    "requests": r"^gpuforge_api_requests_total\{.*\} (\S+)$",
+    "passes_seconds": r"^gpuforge_reconcile_duration_seconds_sum\{.*\} (\S+)$",
+    "passes": r"^gpuforge_reconcile_duration_seconds_count\{.*\} (\S+)$",
+    "wake_delay": r"^gpuforge_reconcile_wake_delay_seconds_sum\{.*\} (\S+)$",
+    "quick": r"^gpuforge_quick_step_seconds_sum\{.*\} (\S+)$",
+    "reaction": r"^gpuforge_upgrade_step_reaction_seconds_sum\{.*\} (\S+)$",
+    "steps": r"^gpuforge_upgrade_step_reaction_seconds_count\{.*\} (\S+)$",
+    **{
+        f"{what} {part}": rf"^gpuforge_api_request_duration_seconds_{part}"
+        rf'\{{(?=[^}}]*verb="{verb}")(?=[^}}]*resource="{resource}")[^}}]*\}} (\S+)$'
+        for what, verb, resource in (("patch", "patch", "nodes"), ("event", "create", "events"))
+        for part in ("sum", "count")
+    },
+    **{
+        f"in {state} {part}": rf'^gpuforge_upgrade_step_seconds_{part}\{{.*state="{state}"\}} (\S+)$'
+        for state in ("wait-old-gone", "validation-required")
+        for part in ("sum", "count")
+    },
+    **{
+        f"phase {phase}": rf'^gpuforge_reconcile_phase_seconds_sum\{{.*phase="{phase}".*\}} (\S+)$'
         for phase in PHASES
-    }
+    },
+}
+
+
+def _readings(process: Operator) -> dict[str, Any]:
+    """Every figure the benchmark reports as a difference, read once from the operator's metrics."""
+    text = process.metrics()
+    out: dict[str, Any] = {name: process.metric_sum(pattern, text) for name, pattern in SUMS.items()}
+    out["by_step"] = _reactions_by_step(text)
+    out["cpu"] = cpu_seconds(process.pid)
+    return out
 
 
 def _status(cluster: DevCluster) -> dict[str, Any]:
@@ -193,7 +169,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="sample the operator with py-spy during the migration (collapsed stacks, for flame graphs)",
+        help="sample the operator's Python CPU with py-spy during the migration (collapsed stacks, for"
+        " flame graphs; `pip install py-spy`)",
     )
     args = parser.parse_args()
     batches = math.ceil(100 / MAX_UNAVAILABLE_PERCENT)
@@ -201,129 +178,88 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-upgrade-") as tmp:
         cluster = DevCluster("bench-upgrade", Path(tmp))
         cluster.up("1.36", uniform_pools(args.nodes))
-        operator = None
         try:
-            crd = ROOT / "operator/deploy/crds/gpustacks.gpuforge.io.yaml"
-            cluster.kubectl("apply", "--server-side", "-f", str(crd))
-            cluster.kubectl(
-                "wait",
-                "--for=condition=Established",
-                "crd/gpustacks.gpuforge.io",
-                "--timeout=60s",
-            )
-            port = _free_port()
-            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-            with (Path(tmp) / "operator.log").open("wb") as log:
-                operator = subprocess.Popen(
-                    [
-                        str(GPUFORGE),
-                        "operator",
-                        "run",
-                        f"--kubeconfig={cluster.kubeconfig}",
-                        "--bind=127.0.0.1",
-                        f"--metrics-port={port}",
-                        f"--liveness-port={_free_port()}",
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            time.sleep(3)
-            stack = {
-                "apiVersion": "gpuforge.io/v1alpha1",
-                "kind": "GpuStack",
-                "metadata": {"name": "gpus"},
-                "spec": {
-                    "mode": "devicePlugin",
-                    "upgradePolicy": {
-                        "maxUnavailable": f"{MAX_UNAVAILABLE_PERCENT}%",
-                        "maxParallel": 0,
+            install_crd(cluster)
+            with operator(cluster, Path(tmp) / "operator.log") as process:
+                stack = {
+                    "apiVersion": "gpuforge.io/v1alpha1",
+                    "kind": "GpuStack",
+                    "metadata": {"name": "gpus"},
+                    "spec": {
+                        "mode": "devicePlugin",
+                        "upgradePolicy": {
+                            "maxUnavailable": f"{MAX_UNAVAILABLE_PERCENT}%",
+                            "maxParallel": 0,
+                        },
                     },
-                },
-            }
-            cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
-            _wait(
-                "the device plugin on every node",
-                lambda: _done(cluster, args.nodes, "devicePlugin"),
-                600,
-                cluster,
-            )
-            time.sleep(2)
-            requests_before, seconds_before = _requests(port), _reconcile_seconds(port)
-            passes_before, delay_before = _passes(port), _wake_delay_seconds(port)
-            reaction_before, steps_before = _reaction_seconds(port), _reaction_steps(port)
-            phases_before = _phase_seconds(port)
-            by_step_before = _reactions_by_step(port)
-            quick_before = _quick_seconds(port)
-            cpu_before = _cpu_seconds(operator.pid)
-            profiler = None
-            if args.profile:
-                profiler = subprocess.Popen(
-                    [
-                        str(Path(sys.executable).with_name("py-spy")),
-                        "record",
-                        "--pid",
-                        str(operator.pid),
-                        "--format",
-                        "raw",
-                        "--rate",
-                        "50",
-                        "--output",
-                        str(args.profile),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                }
+                cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
+                _wait(
+                    "the device plugin on every node",
+                    lambda: _done(cluster, args.nodes, "devicePlugin"),
+                    600,
+                    cluster,
                 )
-            started = time.monotonic()
-            cluster.kubectl(
-                "patch",
-                "gpustack",
-                "gpus",
-                "--type=merge",
-                "-p",
-                '{"spec":{"mode":"dra"}}',
-            )
-            _wait(
-                "every node on DRA",
-                lambda: _done(cluster, args.nodes, "dra"),
-                1800,
-                cluster,
-            )
-            wall = time.monotonic() - started
-            requests = _requests(port) - requests_before
-            operator_seconds = _reconcile_seconds(port) - seconds_before
-            passes = _passes(port) - passes_before
-            wake_delay = _wake_delay_seconds(port) - delay_before
-            reaction = _reaction_seconds(port) - reaction_before
-            steps = _reaction_steps(port) - steps_before
-            phases = {k: v - phases_before[k] for k, v in _phase_seconds(port).items()}
-            quick = _quick_seconds(port) - quick_before
-            by_step = {
-                step: (
-                    total - by_step_before.get(step, (0.0, 0.0))[0],
-                    n - by_step_before.get(step, (0.0, 0.0))[1],
-                )
-                for step, (total, n) in _reactions_by_step(port).items()
-            }
-            if profiler is not None:
-                profiler.send_signal(signal.SIGINT)
-                profiler.wait(timeout=60)
-            operator_cpu = _cpu_seconds(operator.pid) - cpu_before
-            if args.log:  # the operator's metrics at the end, next to its log
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                    args.log.with_suffix(".metrics").write_bytes(response.read())
-            peak = _peak_rss_mib(operator.pid)
+                time.sleep(2)
+                before = _readings(process)
+                profiler = None
+                if args.profile:
+                    profiler = subprocess.Popen(
+                        [
+                            str(Path(sys.executable).with_name("py-spy")),
+                            "record",
+                            "--pid",
+                            str(process.pid),
+                            "--format",
+                            "raw",
+                            "--gil",  # only the thread holding the GIL: where the operator's CPU goes
+                            "--rate",
+                            "25",
+                            "--output",
+                            str(args.profile),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                load = os.getloadavg()[0]
+                started = time.monotonic()
+                cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
+                _wait("every node on DRA", lambda: _done(cluster, args.nodes, "dra"), 1800, cluster)
+                wall = time.monotonic() - started
+                load = max(load, os.getloadavg()[0])
+                after = _readings(process)
+                if profiler is not None:
+                    profiler.send_signal(signal.SIGINT)
+                    profiler.wait(timeout=60)
+                if args.log:  # the operator's metrics at the end, next to its log
+                    args.log.with_suffix(".metrics").write_text(process.metrics())
+                peak = peak_rss_mib(process.pid)
             violations = len(cluster.violations())
         finally:
-            if operator is not None:
-                operator.terminate()
-                operator.wait(timeout=30)
-            if args.log:
+            if args.log and (Path(tmp) / "operator.log").exists():
                 shutil.copyfile(Path(tmp) / "operator.log", args.log)
             cluster.down()
 
+    diff = {name: after[name] - before[name] for name in SUMS}
+    requests, operator_seconds, passes = diff["requests"], diff["passes_seconds"], diff["passes"]
+    wake_delay, quick = diff["wake_delay"], diff["quick"]
+    reaction, steps = diff["reaction"], diff["steps"]
+    phases = {phase: diff[f"phase {phase}"] for phase in PHASES}
+    operator_cpu = after["cpu"] - before["cpu"]
+    by_step = {
+        step: (
+            total - before["by_step"].get(step, (0.0, 0.0))[0],
+            n - before["by_step"].get(step, (0.0, 0.0))[1],
+        )
+        for step, (total, n) in after["by_step"].items()
+    }
     added_per_batch = reaction / args.nodes  # a node cycle per batch: see the module docstring
-    busy_per_batch = (operator_seconds + quick + wake_delay) / batches
+    busy_per_batch = (operator_seconds + quick) / batches
+
+    def mean(what: str) -> float:
+        return diff[f"{what} sum"] / max(diff[f"{what} count"], 1)
+
+    in_states = mean("in wait-old-gone") + mean("in validation-required")
     per_node = requests / args.nodes
     rows = [
         {
@@ -354,22 +290,39 @@ def main() -> None:
             if n
         ),
         {
-            "name": f"operator busy per batch of {args.nodes // batches} (passes + waits)",
+            "name": "  a node patch's round trip, on average",
+            "value": round(mean("patch"), 3),
+            "unit": "s",
+            "note": f"{int(diff['patch count'])} node patches",
+        },
+        {
+            "name": "  an event's round trip, on average (in the background)",
+            "value": round(mean("event"), 3),
+            "unit": "s",
+        },
+        {
+            "name": "node cycle: time in wait-old-gone + validation-required, on average",
+            "value": round(in_states, 2),
+            "unit": "s",
+            "note": "plus the admission's time, about the wall time per batch",
+        },
+        {
+            "name": f"operator busy per batch of {args.nodes // batches} (whole passes + quick steps)",
             "value": round(busy_per_batch, 2),
             "unit": "s",
         },
         {
-            "name": "  of which: reconcile passes",
+            "name": "  of which: whole passes",
             "value": round(operator_seconds / batches, 2),
             "unit": "s",
         },
         {
-            "name": "  of which: quick steps (nodes that changed, between passes)",
+            "name": "  of which: quick steps (nodes that changed, planned and queued)",
             "value": round(quick / batches, 2),
             "unit": "s",
         },
         {
-            "name": "  of which: changes waiting for a pass",
+            "name": "  changes waiting for a whole pass (debounce, while nothing is in flight)",
             "value": round(wake_delay / batches, 2),
             "unit": "s",
         },
@@ -395,6 +348,12 @@ def main() -> None:
             "ok": per_node < 30,
         },
         {"name": "operator peak memory", "value": round(peak, 1), "unit": "MiB"},
+        {
+            "name": "machine load (1-minute average, highest at the start or end of the migration)",
+            "value": round(load, 1),
+            "unit": "",
+            "note": f"{os.cpu_count()} cores, shared with the control plane",
+        },
         {
             "name": "moments a node advertised through both stacks",
             "value": violations,

@@ -57,7 +57,11 @@ def run(
         verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL
     )
     logging.getLogger("gpuforge").setLevel(logging.DEBUG if verbose else logging.INFO)
-    kube = Kube.from_kubeconfig(str(kubeconfig) if kubeconfig else None, on_request=metrics.count_request)
+    kube = Kube.from_kubeconfig(
+        str(kubeconfig) if kubeconfig else None,
+        on_request=metrics.count_request,
+        on_answer=metrics.time_request,
+    )
     if metrics_port:
         start_http_server(metrics_port, addr=bind)
     importlib.import_module("gpuforge.handlers.stack")

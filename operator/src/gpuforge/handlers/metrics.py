@@ -20,8 +20,9 @@ RECONCILE_SECONDS = Histogram(
 )
 WAKE_DELAY_SECONDS = Histogram(
     "gpuforge_reconcile_wake_delay_seconds",
-    "Time from the first change a pass reacts to (or the end of the previous pass, if later) to its start:"
-    " the debounce and any sleep the operator adds on top of its passes.",
+    "Time from the first change a pass was woken by (or the end of the previous pass, if later) to its"
+    " start: the debounce and any sleep the operator adds on top of its passes. Timers' passes (every few"
+    " seconds while nodes are in flight, whose changes quick steps act on) are not counted.",
     ["stack"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
@@ -34,7 +35,8 @@ PHASE_SECONDS = Histogram(
 )
 QUICK_STEP_SECONDS = Histogram(
     "gpuforge_quick_step_seconds",
-    "Wall time of quick steps: the next step of just the nodes that changed, between whole passes.",
+    "Wall time of quick steps: the next step of just the nodes that changed, between whole passes, planned"
+    " and queued (their node patches are carried out in the background).",
     ["stack"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
@@ -50,6 +52,13 @@ STEP_REACTION_SECONDS = Histogram(
 STACK_NODES = Gauge("gpuforge_stack_nodes", "Selected nodes per state.", ["stack", "state"])
 STACK_READY = Gauge("gpuforge_stack_ready", "1 when the GpuStack's Ready condition is True.", ["stack"])
 API_REQUESTS = Counter("gpuforge_api_requests_total", "Kubernetes API requests made.", ["verb", "resource"])
+API_REQUEST_SECONDS = Histogram(
+    "gpuforge_api_request_duration_seconds",
+    "Time from sending a request to the API server to having read its answer (watches and the cache's"
+    " lists aside): how much of the operator's reaction is the API server's.",
+    ["verb", "resource"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 UPGRADE_NODES = Gauge("gpuforge_upgrade_nodes", "Selected nodes per upgrade state.", ["stack", "state"])
 UPGRADE_TRANSITIONS = Counter(
     "gpuforge_upgrade_transitions_total", "Node upgrade state changes.", ["stack", "from_state", "to_state"]
@@ -88,6 +97,10 @@ def record_applied(stack: str, applied: Applied) -> None:
 
 def count_request(verb: str, resource: str) -> None:
     API_REQUESTS.labels(verb, resource).inc()
+
+
+def time_request(verb: str, resource: str, seconds: float) -> None:
+    API_REQUEST_SECONDS.labels(verb, resource).observe(seconds)
 
 
 def record_nodes(stack: str, counts: Mapping[str, int], ready: bool) -> None:

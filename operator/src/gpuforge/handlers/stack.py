@@ -2,10 +2,11 @@
 
 Level-based: one daemon per GpuStack reconciles from a snapshot of the cluster, then sleeps until
 something the planner reads changes (the watch-fed `ClusterCache` says so; a burst of changes is
-debounced into one pass) or a spec changes, with a slow resync as a safety net (5 s while nodes are
-moving, 30 s when settled). While nodes are in flight, a change about one node is acted on at once by a
-quick step for that node alone (`gpuforge.upgrade.advance`: what the whole plan would do for it, never
-starting a node), and whole passes, which also admit nodes and write the status, come every few seconds.
+debounced into one pass) or a spec changes, with a slow resync as a safety net (30 s when settled).
+While nodes are in flight, the daemon runs two lanes side by side: quick steps act on each node's change
+as it arrives (`gpuforge.k8s.upgrade.Stepper`: what the whole plan would do for that node, queued without
+waiting for earlier patches; slots are filled as soon as finishing nodes' patches land), and whole passes,
+which also write the status and the operands and catch anything else, come every few seconds.
 Create/update/resume only wake the daemon, so a restarted operator simply starts reconciling again from
 what is in the cluster.
 """
@@ -13,9 +14,12 @@ what is in the cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import kopf
@@ -27,18 +31,16 @@ from gpuforge.handlers import metrics
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
 from gpuforge.k8s.stack import Outcome, cleanup, reconcile
-from gpuforge.k8s.upgrade import StepContext, quick_steps
+from gpuforge.k8s.upgrade import Stepper, Writer
 
 log = logging.getLogger("gpuforge.operator")
 
-BUSY_RESYNC = 5.0  # a moving rollout is looked at this often even when nothing seems to change (timers)
 IDLE_RESYNC = 30.0  # level-based resync of a settled stack (drift, served API versions)
 ERROR_INTERVAL = 5.0
 DEBOUNCE = 0.2  # after a change, wait this long for the rest of its burst (a batch of 100 node updates)
-QUICK_DEBOUNCE = 0.02  # while nodes are in flight: a node's change is acted on this soon, for that node
-# While nodes are in flight: a whole pass follows the previous one's end after at most this long when
-# something changed. Quick steps move nodes and fill freed slots in between; whole passes refresh the
-# status and the operands and catch anything else, and must not crowd the quick steps out.
+QUICK_DEBOUNCE = 0.005  # while nodes are in flight: a node's change is acted on this soon, for that node
+# While nodes are in flight, whole passes come this often (quick steps move the nodes in between): they
+# refresh the status and the operands, catch timers and anything else.
 WHOLE_PASS_EVERY = 5.0
 SYNC_TIMEOUT = 30.0  # the first pass waits this long for the cache, then lists whatever is not synced
 
@@ -63,36 +65,56 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 
 class Wake:
-    """One daemon's alarm: set by changes, cleared when a pass starts; remembers when it was first set
-    since the last pass (to measure how long a change waited for the pass that saw it), which nodes the
-    changes were about (for quick steps), and whether the GpuStack itself changed (a whole pass, then)."""
+    """One daemon's alarms, set from the event loop: `changed` by any change that matters, `nodes` with
+    the nodes those were about (for quick steps), `whole_changed` when the GpuStack itself changed (a
+    whole pass at once; `on_whole` stops quick steps on the old spec meanwhile). Remembers when a change
+    first came since the last take, to measure how long changes wait."""
 
     def __init__(self) -> None:
-        self.event = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.whole_changed = asyncio.Event()
+        self.nodes_changed = asyncio.Event()
         self.since: float | None = None
+        self.nodes_since: float | None = None
         self.nodes: set[str] = set()
-        self.whole = False
+        self.on_whole: Callable[[], None] | None = None
 
     def ring(self, node: str | None = None, *, whole: bool = False) -> None:
+        now = time.monotonic()
         if self.since is None:
-            self.since = time.monotonic()
+            self.since = now
         if node is not None:
+            if self.nodes_since is None:
+                self.nodes_since = now
             self.nodes.add(node)
-        self.whole = self.whole or whole
-        self.event.set()
+            self.nodes_changed.set()
+        if whole:
+            if self.on_whole is not None:
+                self.on_whole()
+            self.whole_changed.set()
+        self.changed.set()
 
-    def take(self) -> tuple[float | None, set[str], bool]:
-        """Clear; the moment of the first change since the last take, the nodes changed, whether
-        something other than a node changed."""
-        taken = (self.since, self.nodes, self.whole)
-        self.since, self.nodes, self.whole = None, set(), False
-        self.event.clear()
+    def take_pass(self) -> tuple[float | None, bool]:
+        """For a whole pass: the moment of the first change since the last take, and whether the
+        GpuStack changed."""
+        taken = (self.since, self.whole_changed.is_set())
+        self.since = None
+        self.changed.clear()
+        self.whole_changed.clear()
+        return taken
+
+    def take_nodes(self) -> tuple[float | None, set[str]]:
+        """For quick steps: the moment of the first node change since the last take, and the nodes."""
+        taken = (self.nodes_since, self.nodes)
+        self.nodes_since, self.nodes = None, set()
+        self.nodes_changed.clear()
         return taken
 
 
 def _wakes(memo: kopf.Memo) -> set[Wake]:
-    if "wakes" not in memo:
-        memo["wakes"] = set()
+    """Every daemon's alarm. The set is made at startup, before any GpuStack is seen: kopf gives each
+    object a shallow copy of the operator's memo when it first sees it, so a set made later in either
+    memo would not be shared (node changes would then wake no daemon, and only timers would run passes)."""
     wakes: set[Wake] = memo["wakes"]
     return wakes
 
@@ -105,9 +127,11 @@ def _wake_all(memo: kopf.Memo, node: str | None = None, *, whole: bool = False) 
 @kopf.on.startup()
 async def start_cache(memo: kopf.Memo, **_: Any) -> None:
     """The watch-fed cache of nodes, pods, slices and claims, shared by every GpuStack's passes."""
+    memo["wakes"] = set()  # first: see _wakes
     cache = ClusterCache(memo["kube"], lambda node: _wake_all(memo, node))
     await cache.start()
     memo["cache"] = cache
+    memo["writer"] = Writer(memo["kube"], cache)  # one for every GpuStack: a node is written once at a time
 
 
 @kopf.on.cleanup()
@@ -124,10 +148,12 @@ def changed(memo: kopf.Memo, **_: Any) -> None:
     _wake_all(memo, whole=True)
 
 
-def _pass(kube: Kube, name: str, cache: ClusterCache | None, woken_at: float | None) -> Outcome | None:
+def _pass(
+    kube: Kube, name: str, cache: ClusterCache | None, woken_at: float | None, stepper: Stepper | None
+) -> Outcome | None:
     started = time.monotonic()
     try:
-        outcome = reconcile(kube, name, cache, woken_at)
+        outcome = reconcile(kube, name, cache, woken_at, stepper)
     except Exception:
         metrics.RECONCILES.labels(name, "error").inc()
         raise
@@ -149,104 +175,101 @@ def _pass(kube: Kube, name: str, cache: ClusterCache | None, woken_at: float | N
     return outcome
 
 
-def _quick(
-    kube: Kube,
-    name: str,
-    context: StepContext,
-    nodes: set[str],
-    cache: ClusterCache,
-    woken_at: float | None,
-) -> bool:
-    """Quick steps for the nodes that changed; False when they cannot be made (cache not synced)."""
+def _quick(name: str, stepper: Stepper, nodes: set[str], woken_at: float | None) -> None:
+    """Quick steps for the nodes that changed (queued, not waited for)."""
     started = time.monotonic()
-    applied = quick_steps(kube, context, nodes, cache, woken_at, datetime.now(UTC))
+    queued = stepper.quick(nodes, woken_at, datetime.now(UTC))
     metrics.QUICK_STEP_SECONDS.labels(name).observe(time.monotonic() - started)
-    if applied is None:
-        return False
-    if applied.transitions:
-        metrics.record_applied(name, applied)
-        log.info(
-            "GpuStack %s: quick steps on %d of %d changed node(s)",
-            name,
-            applied.transitions,
-            len(nodes),
-            extra={"stack": name},
-        )
-    return True
+    if queued:
+        log.debug("GpuStack %s: quick steps on %d of %d changed node(s)", name, queued, len(nodes))
 
 
-async def _sleep(wake: Wake, stopped: kopf.DaemonStopped, seconds: float, debounce: float) -> None:
-    """Until woken (then a short debounce), stopped, or `seconds` have passed."""
+async def _until(event: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> bool:
+    """Wait until `event` is set (True), or `stopped`, or `seconds` have passed (False)."""
     deadline = time.monotonic() + seconds
-    while not stopped and not wake.event.is_set():
+    while not stopped and not event.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return False
         try:  # short slices: `stopped` is polled
-            await asyncio.wait_for(wake.event.wait(), timeout=min(left, 0.5))
+            await asyncio.wait_for(event.wait(), timeout=min(left, 0.5))
         except TimeoutError:
             continue
-    if wake.event.is_set() and not stopped:
-        await asyncio.sleep(debounce)
+    return event.is_set() and not stopped
+
+
+async def _quick_lane(name: str, stepper: Stepper, wake: Wake, stopped: kopf.DaemonStopped) -> None:
+    """While nodes are in flight (the stepper has a context), act on each node's change at once."""
+    while not stopped:
+        if not await _until(wake.nodes_changed, stopped, 3600):
+            continue
+        await asyncio.sleep(QUICK_DEBOUNCE)  # the rest of the burst
+        since, nodes = wake.take_nodes()
+        if stepper.context is None:
+            continue  # nothing in flight: whole passes look at these changes
+        try:
+            await asyncio.to_thread(_quick, name, stepper, nodes, since)
+        except Exception as err:  # the lane must not die; whole passes catch up
+            log.exception("quick steps of GpuStack %s failed: %s", name, err)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30)
 async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
-    """Whole passes on changes (debounced), on spec changes at once, and on timers. While nodes are in
-    flight, a change about a node is acted on at once by a quick step for that node alone, and whole
-    passes (which also admit nodes and write the status) come every WHOLE_PASS_EVERY seconds."""
+    """Whole passes on changes (debounced), on spec changes at once, and on timers; while nodes are in
+    flight, every WHOLE_PASS_EVERY seconds, with quick steps on each node's change in a lane of their own."""
     kube: Kube = memo["kube"]
     cache: ClusterCache | None = memo.get("cache")
+    loop = asyncio.get_running_loop()
     wake = Wake()
+
+    def look_again(node: str) -> None:  # from the writer's threads
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the operator is stopping
+            loop.call_soon_threadsafe(wake.ring, node)
+
+    stepper: Stepper | None = None
+    quick: asyncio.Task[None] | None = None
+    if cache is not None:
+        stepper = Stepper(
+            kube,
+            cache,
+            memo["writer"],
+            report=lambda applied: metrics.record_applied(name, applied),
+            look_again=look_again,
+        )
+        wake.on_whole = partial(stepper.use, None)  # a new spec: nothing more on the old one
+        quick = asyncio.create_task(_quick_lane(name, stepper, wake, stopped), name=f"gpuforge-quick-{name}")
     _wakes(memo).add(wake)
     try:
         if cache is not None and not await cache.wait_synced(SYNC_TIMEOUT):
             log.warning("cluster cache not synced after %.0fs; listing what is missing", SYNC_TIMEOUT)
-        steps: StepContext | None = None  # from the last whole pass while nodes are in flight
-        last_end = last_whole = time.monotonic()
+        last_end = time.monotonic()
         interval = 0.0
-        pending: float | None = None  # the first change since the last whole pass began
+        woken = False
         while not stopped:
-            since, nodes, whole = wake.take()
-            started = time.monotonic()
-            if since is not None:  # the time a change waited, not counting a pass that was running
-                metrics.WAKE_DELAY_SECONDS.labels(name).observe(started - max(since, last_end))
-                pending = since if pending is None else pending
+            since, _whole = wake.take_pass()
+            if woken and since is not None:  # how long the change that woke this pass waited for it
+                metrics.WAKE_DELAY_SECONDS.labels(name).observe(time.monotonic() - max(since, last_end))
             try:
-                if (
-                    steps is not None
-                    and nodes
-                    and cache is not None
-                    and not whole  # the stack changed: its old target must not move nodes any more
-                    and not await asyncio.to_thread(_quick, kube, name, steps, nodes, cache, since)
-                ):
-                    steps = None  # the cache cannot answer: whole passes only
-                now = time.monotonic()
-                due = (  # the first time round, `steps` is None
-                    whole
-                    or steps is None
-                    or now - last_whole >= interval
-                    or (pending is not None and now - last_whole >= WHOLE_PASS_EVERY)
-                )
-                if due:
-                    woken_at, pending = pending, None
-                    outcome = await asyncio.to_thread(_pass, kube, name, cache, woken_at)
-                    steps = outcome.steps if outcome is not None else None
-                    interval = IDLE_RESYNC if outcome is None or outcome.settled else BUSY_RESYNC
-                    last_whole = time.monotonic()  # the next whole pass is timed from this one's end
+                outcome = await asyncio.to_thread(_pass, kube, name, cache, since, stepper)
+                interval = IDLE_RESYNC if outcome is None or outcome.settled else WHOLE_PASS_EVERY
             except Exception as err:  # any failure: log, back off, try again; the daemon must not die
                 log.exception("reconcile of GpuStack %s failed: %s", name, err)
-                steps, interval, last_whole = None, ERROR_INTERVAL, time.monotonic()
+                if stepper is not None:
+                    stepper.use(None)
+                interval = ERROR_INTERVAL
             last_end = time.monotonic()
-            left = max(0.0, interval - (last_end - last_whole))
-            if steps is None:
-                await _sleep(wake, stopped, left, DEBOUNCE)
+            if stepper is not None and stepper.context is not None:
+                # Nodes in flight: quick steps follow their changes; the next whole pass comes on time,
+                # or at once if the GpuStack changes.
+                woken = await _until(wake.whole_changed, stopped, interval)
             else:
-                if pending is not None:  # changes not yet seen by a whole pass
-                    left = min(left, max(0.0, WHOLE_PASS_EVERY - (last_end - last_whole)))
-                await _sleep(wake, stopped, left, QUICK_DEBOUNCE)
+                woken = await _until(wake.changed, stopped, interval)
+            if woken:
+                await asyncio.sleep(DEBOUNCE)
     finally:
         _wakes(memo).discard(wake)
+        if quick is not None:
+            quick.cancel()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

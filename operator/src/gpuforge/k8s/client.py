@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 RequestHook = Callable[[str, str], None]  # (verb, resource)
+AnswerHook = Callable[[str, str, float], None]  # (verb, resource, seconds until the whole answer was read)
 
 # (API group, kind) -> (plural, namespaced), for every kind the operator applies or prunes.
 KINDS: Mapping[tuple[str, str], tuple[str, bool]] = {
@@ -140,25 +141,33 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
 
 
 class Kube:
-    def __init__(self, api_client: Any, on_request: RequestHook | None = None) -> None:
+    def __init__(
+        self, api_client: Any, on_request: RequestHook | None = None, on_answer: AnswerHook | None = None
+    ) -> None:
         self._api = api_client
         self._on_request = on_request
+        self._on_answer = on_answer
         self.requests: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._emitted: dict[tuple[str, str], str] = {}
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None, on_request: RequestHook | None = None) -> Kube:
+    def from_kubeconfig(
+        cls,
+        kubeconfig: str | None = None,
+        on_request: RequestHook | None = None,
+        on_answer: AnswerHook | None = None,
+    ) -> Kube:
         """Credentials from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster account."""
         configuration = kubernetes.client.Configuration()
-        configuration.connection_pool_maxsize = 32  # the upgrade engine writes to many nodes side by side
+        configuration.connection_pool_maxsize = 64  # the upgrade engine writes to many nodes side by side
         try:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
         except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
             if kubeconfig:
                 raise
             kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return cls(kubernetes.client.ApiClient(configuration), on_request)
+        return cls(kubernetes.client.ApiClient(configuration), on_request, on_answer)
 
     def connection_info(self) -> dict[str, Any]:
         """Server and credentials, as keyword arguments for kopf.ConnectionInfo."""
@@ -210,12 +219,16 @@ class Kube:
     ) -> Any:
         """One request to the API server (counted; ApiError on a status >= 400), for kinds this class has
         no method for (the quota webhook's objects)."""
-        self.count_request(rbac_verb(method, path), resource_of(path))
+        verb, resource = rbac_verb(method, path), resource_of(path)
+        self.count_request(verb, resource)
         url = self._api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json", "Content-Type": content_type}
         self._api.update_params_for_auth(headers, None, ["BearerToken"], path, method, body)
+        started = time.monotonic()
         response = self._api.rest_client.request(method, url, headers=headers, body=body, _request_timeout=60)
         data = response.read()
+        if self._on_answer is not None:
+            self._on_answer(verb, resource, time.monotonic() - started)
         if response.status >= 400:
             try:
                 message = json.loads(data).get("message", "")

@@ -57,19 +57,27 @@ def without_managed_fields(obj: Obj) -> Obj:
     return obj
 
 
+Index = Callable[[Mapping[str, Any]], str | None]  # e.g. the node a pod is on; None: not indexed
+
+
 class Store:
-    """Objects of one kind by key. Stored objects are never changed in place (each change replaces the
-    object), so readers may keep the references `values()` returns. Safe to use from several threads."""
+    """Objects of one kind by key, and by the value of each of `indexes` (say, pods by node). Stored
+    objects are never changed in place (each change replaces the object), so readers may keep the
+    references `values()` returns. Safe to use from several threads."""
 
     MAX_TOMBSTONES = 4096
 
-    def __init__(self, transform: Transform | None = None) -> None:
+    def __init__(
+        self, transform: Transform | None = None, indexes: Mapping[str, Index] | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._items: dict[Key, Obj] = {}
         # resourceVersion at deletion of recently deleted objects: a write answer that arrives after the
         # watch reported the deletion (a deleted pod's last copy) must not bring the object back.
         self._deleted: dict[Key, str] = {}
         self._transform = transform
+        self._indexes = dict(indexes or {})
+        self._by: dict[str, dict[str, dict[Key, Obj]]] = {name: {} for name in self._indexes}
 
     def get(self, key: Key) -> Obj | None:
         return self._items.get(key)
@@ -78,9 +86,33 @@ class Store:
         with self._lock:
             return list(self._items.values())
 
-    def keys(self) -> list[Key]:
+    def indexed(self, index: str, values: Iterable[str]) -> list[Obj]:
+        """The objects whose value of `index` is one of `values`."""
         with self._lock:
-            return list(self._items)
+            by = self._by[index]
+            return [obj for value in values for obj in by.get(value, {}).values()]
+
+    def _put(self, key: Key, obj: Obj) -> None:
+        """(Under the lock.)"""
+        self._unindex(key)
+        for name, index in self._indexes.items():
+            value = index(obj)
+            if value is not None:
+                self._by[name].setdefault(value, {})[key] = obj
+        self._items[key] = obj
+
+    def _unindex(self, key: Key) -> None:
+        """(Under the lock.)"""
+        old = self._items.get(key)
+        if old is None:
+            return
+        for name, index in self._indexes.items():
+            value = index(old)
+            bucket = self._by[name].get(value) if value is not None else None
+            if value is not None and bucket is not None:
+                bucket.pop(key, None)
+                if not bucket:
+                    del self._by[name][value]
 
     def __len__(self) -> int:
         return len(self._items)
@@ -103,7 +135,7 @@ class Store:
                 if not newer(version, deleted_at):
                     return False
                 del self._deleted[key]  # created again since
-            self._items[key] = self._prepared(obj)
+            self._put(key, self._prepared(obj))
             return True
 
     def apply(self, event_type: str, obj: Obj) -> bool:
@@ -120,6 +152,7 @@ class Store:
                 if len(self._deleted) > self.MAX_TOMBSTONES:  # the oldest half is long settled
                     for old in list(self._deleted)[: self.MAX_TOMBSTONES // 2]:
                         del self._deleted[old]
+            self._unindex(key)
             return self._items.pop(key, None)
 
     def replace(self, items: Iterable[Obj]) -> list[Obj]:
@@ -135,7 +168,9 @@ class Store:
                 else:
                     listed[key] = self._prepared(item)
             gone = [obj for key, obj in self._items.items() if key not in listed]
-            self._items = listed
+            self._items, self._by = {}, {name: {} for name in self._indexes}
+            for key, obj in listed.items():
+                self._put(key, obj)
             self._deleted.clear()  # the list is the truth now
             return gone
 
@@ -177,6 +212,7 @@ class Informer:
         *,
         field_selector: str | None = None,
         transform: Transform | None = None,
+        indexes: Mapping[str, Index] | None = None,
         timeout_seconds: int = 300,
         max_backoff: float = 30.0,
     ) -> None:
@@ -188,7 +224,7 @@ class Informer:
         self.max_backoff = max_backoff
         # Called with (event type, object) for every change, and ADDED for each object of a (re)list.
         self.listeners: list[ChangeHandler] = []
-        self.store = Store(transform)
+        self.store = Store(transform, indexes)
         self.synced = asyncio.Event()
         self.resource_version = ""  # where the watch resumes from
         self.lists = 0  # how many times the kind was listed (1 + re-lists)

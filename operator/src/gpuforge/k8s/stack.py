@@ -37,12 +37,12 @@ from gpuforge.k8s.upgrade import (
     NOTHING,
     Applied,
     ClusterView,
+    Mark,
     StepContext,
-    admit_into_freed_slots,
+    Stepper,
     apply_plan,
     desired_of,
     failures,
-    freed_at,
     in_flight,
     labels_after,
     read_cluster,
@@ -178,11 +178,13 @@ def _upgrade(
     view: ClusterView,
     placement: Placement,
     cache: ClusterCache | None,
+    stepper: tuple[Stepper, Mark] | None,
     dra_api: str | None,
     woken_at: float | None,
     watch: _Stopwatch,
 ) -> _Upgrade | None:
-    """Plan the node moves of the stack and carry them out; None when the spec cannot be planned."""
+    """Plan the node moves of the stack and carry them out (with a stepper: queue them, and fill the
+    slots through it); None when the spec cannot be planned."""
     if not _renderable(placement):
         return None
     try:
@@ -194,7 +196,17 @@ def _upgrade(
     desired = desired_of(stack, placement.planned, compat_data.load())
     plan = upgrade_plan(snapshot, desired, policy)
     watch.lap("plan")
-    applied = apply_plan(kube, plan, snapshot, cache, woken_at, view.changed_at)
+    moving = in_flight(plan)
+    waiting = plan.counts().get(NodeState.UPGRADE_REQUIRED, 0)
+    flying = bool(moving or plan.admitted)
+    context = StepContext.of(plan, desired, policy, dra_api, view.served)
+    applied = NOTHING
+    if stepper is None:
+        applied = apply_plan(kube, plan, snapshot, cache, woken_at, view.changed_at)
+    else:
+        engine, mark = stepper
+        engine.use(context if flying else None, mark)
+        engine.whole_pass(plan, snapshot, mark, woken_at, view.changed_at)
     watch.lap("nodes")
     failed = failures(plan, snapshot)
     problems = []
@@ -205,32 +217,27 @@ def _upgrade(
                 c.UPGRADE_FAILED, f"{len(failed)} node(s) failed on {plan.target}: {named}", tuple(failed)
             )
         )
-    moving = in_flight(plan)
-    waiting = plan.counts().get(NodeState.UPGRADE_REQUIRED, 0)
     progress = ""
     if moving or any(t.changes_state for t in plan.transitions):
         shown = ", ".join(f"{n} ({plan.states[n]})" for n in moving[:5])
         more = f" and {len(moving) - 5} more" if len(moving) > 5 else ""
         progress = f"{len(moving)} node(s) in progress: {shown}{more}; {waiting} waiting"
-    flying = bool(moving)
-    context = StepContext(desired, policy, dra_api, view.served, waiting > 0)
-    if cache is not None and waiting and applied.changes and any(t.ends for t in plan.transitions):
-        # Nodes finished in this pass: fill their slots now rather than at the next pass.
-        freed = freed_at(plan.transitions, view.changed_at, woken_at)
-        started = admit_into_freed_slots(kube, context, cache, freed, now)
-        applied, flying = applied + started, flying or bool(started.changes)
-        watch.lap("nodes")
     steps = context if flying else None
     return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress, steps)
 
 
 def reconcile(
-    kube: Kube, name: str, cache: ClusterCache | None = None, woken_at: float | None = None
+    kube: Kube,
+    name: str,
+    cache: ClusterCache | None = None,
+    woken_at: float | None = None,
+    stepper: Stepper | None = None,
 ) -> Outcome | None:
     """One level-based pass over GpuStack `name`; None when it is gone or being deleted. Nodes, pods,
     slices and claims come from `cache` where it has synced (every decision is still made from one
     snapshot of them), the GpuStacks and served versions from the API. `woken_at`: when the change this
-    pass reacts to arrived (time.monotonic), None for a timer's pass."""
+    pass reacts to arrived (time.monotonic), None for a timer's pass. With `stepper` (the operator), node
+    steps are queued rather than waited for, and the stepper gets the pass's context for quick steps."""
     watch = _Stopwatch()
     body = kube.get_stack(name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -240,6 +247,7 @@ def reconcile(
     stacks = kube.list_stacks()
     served = kube.served_versions()
     dra_api = compat.best_resource_api(served)
+    mark = stepper.writer.mark() if stepper is not None else None  # before the view: see Writer
     view = read_cluster(kube, dra_api, served, cache)
     slices = slices_per_node(view.slices)
     nodes = [node_facts(item, slices) for item in view.nodes]
@@ -251,7 +259,10 @@ def reconcile(
     error = None
     upgrade: _Upgrade | None = None
     try:
-        upgrade = _upgrade(kube, stack, body, view, placement, cache, dra_api, woken_at, watch)
+        engine = (stepper, mark) if stepper is not None and mark is not None else None
+        upgrade = _upgrade(kube, stack, body, view, placement, cache, engine, dra_api, woken_at, watch)
+        if stepper is not None and (upgrade is None or upgrade.steps is None):
+            stepper.use(None)  # nothing in flight, or a spec that cannot be planned: no quick step
         if upgrade is not None:
             labelled = len(upgrade.plan.transitions)
             after = labels_after(view.nodes, upgrade.plan)

@@ -157,6 +157,21 @@ def snapshot_from_objects(
     return Snapshot(tuple(gpu_nodes), now, frozenset(served_resource_versions))
 
 
+def admission_facts(node: Mapping[str, Any], memo: ConversionMemo | None = None) -> GpuNode:
+    """A Node object as a GpuNode without pods, operands or advertisement: what
+    `gpuforge.upgrade.planner.weighs_on_admission` and the maxUnavailable count read, without grouping
+    every pod of the cluster (to pick the few nodes a freed slot is weighed on)."""
+    base = memo.get(node, ("node",), partial(_node_base, node)) if memo is not None else _node_base(node)
+    return GpuNode(
+        name=_get(node, "metadata", "name") or "",
+        labels=base["labels"],
+        annotations=base["annotations"],
+        kubelet_version=base["kubelet_version"],
+        ready=base["ready"],
+        unschedulable=base["unschedulable"],
+    )
+
+
 def _get(obj: Mapping[str, Any] | None, *path: str) -> Any:
     for key in path:
         if not isinstance(obj, Mapping):

@@ -106,6 +106,7 @@ class NodeState(enum.StrEnum):
 
 
 # States in which we are working on the node (we hold it; the initial-unschedulable annotation is set).
+_NODE_STATES: dict[str, NodeState] = {state.value: state for state in NodeState}  # label -> state
 IN_FLIGHT_STATES: Final = frozenset(
     {
         NodeState.WAIT_FOR_JOBS_REQUIRED,
@@ -215,11 +216,7 @@ class GpuNode:
     @property
     def state(self) -> NodeState | None:
         """The upgrade state label; None if absent or not a value we know (then it is derived again)."""
-        value = self.labels.get(NODE_STATE_LABEL)
-        try:
-            return NodeState(value) if value else None
-        except ValueError:
-            return None
+        return _NODE_STATES.get(self.labels.get(NODE_STATE_LABEL) or "")
 
     @property
     def state_since(self) -> datetime | None:
@@ -572,6 +569,11 @@ class Plan:
     # Nodes that failed on the current target, sorted.
     failed: tuple[str, ...] = ()
     target: str = ""  # "<mode>@<version>"
+    # The nodes started under maxUnavailable/maxParallel by this plan (their transitions are among
+    # `transitions`), and every node that only a slot holds back, in the order they get one (the
+    # admitted ones first).
+    admitted: tuple[str, ...] = ()
+    queue: tuple[str, ...] = ()
 
     def counts(self) -> dict[NodeState, int]:
         out: dict[NodeState, int] = {}

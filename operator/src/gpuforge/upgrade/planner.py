@@ -866,13 +866,17 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
         candidates.append(node)
 
     # --- admissions: who starts now ---------------------------------------------------------------
+    # Every count below is over nodes that `weighs_on_admission` (so a snapshot of those nodes and of
+    # some waiting ones admits exactly what the whole one does among them); the percentage is of the
+    # nodes the stack selects.
     failed.sort()
-    max_unavailable = policy.max_unavailable.resolve(len(selected_nodes))
+    max_unavailable = policy.max_unavailable.resolve(len(desired.selected))
     unavailable = sum(1 for n in selected_nodes if n.unschedulable or not n.ready)
     budget = max_unavailable - unavailable
     in_progress = sum(1 for n in selected_nodes if n.held_by_us and n.state in IN_FLIGHT_STATES)
     halted = policy.max_failures > 0 and len(failed) >= policy.max_failures
     admitted: list[Transition] = []
+    queue: list[str] = []
     candidates.sort(key=lambda n: (not n.unschedulable, sum(1 for p in n.pods if p.uses_gpu), n.name))
     for node in candidates:
         waiting = _Step(NodeState.UPGRADE_REQUIRED)
@@ -892,12 +896,14 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
                 "fix or relabel them (state upgrade-required) to go on",
             )
         elif policy.max_parallel and in_progress >= policy.max_parallel:
+            queue.append(node.name)
             waiting.message = hold(
                 HoldReason.MAX_PARALLEL,
                 node.name,
                 f"{in_progress} of at most {policy.max_parallel} node(s) in progress",
             )
         elif not node.unschedulable and budget < 1:
+            queue.append(node.name)
             waiting.message = hold(
                 HoldReason.MAX_UNAVAILABLE,
                 node.name,
@@ -905,6 +911,7 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
                 f"(maxUnavailable {policy.max_unavailable})",
             )
         else:
+            queue.append(node.name)
             waiting = _admit(ctx, node)
             if _nothing_to_wait_for(ctx, node):
                 # Skip ahead in the same patch as the cordon (one node write and one pass fewer).
@@ -937,6 +944,22 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
         states=states,
         failed=tuple(failed),
         target=ctx.fingerprint,
+        admitted=tuple(t.node for t in admitted),
+        queue=tuple(queue),
+    )
+
+
+def weighs_on_admission(node: GpuNode) -> bool:
+    """Does `plan` count this node when it decides who starts (against maxUnavailable, maxParallel or
+    maxFailures)? True for cordoned, NotReady, held, in-flight and failed nodes. A snapshot of every such
+    node plus a prefix of `Plan.queue` admits what the whole snapshot admits among those nodes, so the
+    operator can fill freed slots without planning every node of the cluster."""
+    return (
+        node.unschedulable
+        or not node.ready
+        or node.held_by_us
+        or node.state in IN_FLIGHT_STATES
+        or node.state in FAILURE_STATES
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpuforge.k8s import quota
-from gpuforge.k8s.cache import Relevance, node_fingerprint, pod_fingerprint
+from gpuforge.k8s.cache import NODE_INDEXES, WEIGHS, Relevance, node_fingerprint, pod_fingerprint
 from gpuforge.k8s.informer import HttpError, Informer, Store, key_of, newer, without_managed_fields
 
 
@@ -81,6 +81,39 @@ def test_transform_applies_to_every_stored_copy() -> None:
     store.offer(node)
     assert "managedFields" not in store.get(("", "n"))["metadata"]  # type: ignore[index]
     assert "managedFields" in node["metadata"]  # the caller's object is left alone
+
+
+def test_the_index_follows_every_change() -> None:
+    """Pods by node: what a quick step reads for the few nodes that changed."""
+
+    def on(node: str, rv: str, name: str = "p") -> dict[str, Any]:
+        return obj(name, rv, "ns", spec={"nodeName": node})
+
+    store = Store(indexes={"node": lambda o: (o.get("spec") or {}).get("nodeName")})
+    store.offer(on("n1", "1"))
+    store.offer(on("n1", "2", "q"))
+    assert sorted(o["metadata"]["name"] for o in store.indexed("node", ["n1"])) == ["p", "q"]
+    store.offer(on("n2", "3"))  # p moved (a new copy on another node)
+    assert [o["metadata"]["name"] for o in store.indexed("node", ["n1"])] == ["q"]
+    assert store.indexed("node", ["n2"]) == [on("n2", "3")]
+    store.forget(("ns", "q"), "4")
+    assert store.indexed("node", ["n1"]) == [] and store._by["node"].keys() == {"n2"}
+    store.replace([on("n3", "5")])
+    assert store.indexed("node", ["n2"]) == [] and store.indexed("node", ["n3", "n9"]) == [on("n3", "5")]
+    assert Store(indexes={"node": lambda o: None}).indexed("node", ["n3"]) == []  # nothing indexed
+
+
+def test_nodes_that_weigh_on_admission_are_indexed_with_our_own_writes() -> None:
+    """Freed slots are weighed on these nodes: an answer to our own cordon counts at once."""
+    store = Store(indexes=NODE_INDEXES)
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    store.offer(obj("a", "1", spec={}, status=ready))
+    store.offer(obj("b", "1", spec={}, status={}))  # NotReady
+    assert [key_of(o) for o in store.indexed(WEIGHS, [WEIGHS])] == [("", "b")]
+    store.offer(obj("a", "2", spec={"unschedulable": True}, status=ready))  # our cordon's answer
+    assert sorted(key_of(o)[1] for o in store.indexed(WEIGHS, [WEIGHS])) == ["a", "b"]
+    store.offer(obj("a", "3", spec={}, status=ready))
+    assert [key_of(o) for o in store.indexed(WEIGHS, [WEIGHS])] == [("", "b")]
 
 
 def test_the_quota_module_reexports_the_one_informer() -> None:

@@ -48,6 +48,7 @@ from gpuforge.upgrade.model import (
     WaitForCompletion,
     WorkloadPod,
 )
+from gpuforge.upgrade.planner import weighs_on_admission
 
 S = NodeState
 DRA_FROM_DP = f"devicePlugin@{VERSIONS[DP]}"
@@ -262,6 +263,25 @@ def test_nodes_with_fewer_gpu_pods_and_already_cordoned_go_first() -> None:
     policy = Policy(max_unavailable=IntOrPercent(2), max_parallel=2)
     result = plan(snapshot(busy, idle, cordoned), desired(names=["a", "b", "c"]), policy)
     assert [t.node for t in admitted(result)] == ["c", "b"]
+    assert result.admitted == ("c", "b") and result.queue == ("c", "b", "a")
+
+
+def test_the_queue_holds_only_nodes_a_slot_holds_back() -> None:
+    skipped = node("a", mode=DP, labels={UPGRADE_SKIP_LABEL: "true"})
+    down = node("b", mode=DP, ready=False)
+    waiting = [node(name, mode=DP) for name in ("c", "d", "e")]
+    policy = Policy(max_unavailable=IntOrPercent(2), max_parallel=0)
+    result = plan(snapshot(skipped, down, *waiting), desired(names=["a", "b", "c", "d", "e"]), policy)
+    assert result.admitted == ("c",) and result.queue == ("c", "d", "e")  # NotReady b uses a slot
+    assert [n.name for n in (skipped, down, *waiting) if weighs_on_admission(n)] == ["b"]
+
+
+def test_a_percentage_is_of_every_node_the_stack_selects_even_those_not_in_the_snapshot() -> None:
+    """Freed slots are filled from a snapshot of a few nodes: maxUnavailable must not shrink with it."""
+    names = [f"n{i}" for i in range(10)]
+    policy = Policy(max_unavailable=IntOrPercent(20, percent=True), max_parallel=0)
+    result = plan(snapshot(*(node(n, mode=DP) for n in names[:3])), desired(names=names), policy)
+    assert result.admitted == ("n0", "n1")  # 20% of 10, not of the 3 planned
 
 
 # --- waiting for jobs and draining ----------------------------------------------------------------

@@ -7,7 +7,10 @@ At every observed moment (after each applied plan and after each tick of the wor
 - a node cordoned by someone else is never uncordoned;
 - planning twice from one snapshot (in any node order) gives the same plan: a restart resumes exactly;
 - `advance` (one node's next step, between whole plans) gives exactly the plan's steps for nodes in
-  flight, from the whole snapshot or from any part of it; some rounds use it instead of `plan`.
+  flight, from the whole snapshot or from any part of it; some rounds use it instead of `plan`;
+- a snapshot of the nodes that weigh on admission plus a prefix of the plan's queue admits exactly what
+  the whole snapshot admits among those nodes; some rounds admit that way, with the queue of an earlier
+  plan, as the operator does when it fills freed slots.
 At the end:
 - every healthy node is upgrade-done (unless the failure budget halted the rollout), so one broken node
   does not stop the others; nothing is left in flight;
@@ -42,8 +45,10 @@ from gpuforge.upgrade.model import (
     Policy,
     Snapshot,
     StepTimeouts,
+    Transition,
     WaitForCompletion,
 )
+from gpuforge.upgrade.planner import weighs_on_admission
 
 DP, DRA = Mode.DEVICE_PLUGIN, Mode.DRA
 OLD = {DP: "v0.17.0", DRA: "v25.8.0"}
@@ -157,6 +162,22 @@ def check_replan(snapshot: Snapshot, want: Desired, policy: Policy, first: Plan)
     part = {n.name for n in shuffled[: len(shuffled) // 2]}
     sub = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in part))
     assert advance(sub, want, policy) == tuple(t for t in in_flight if t.node in part)
+    assert first.queue[: len(first.admitted)] == first.admitted
+    for head in sorted({0, 1, len(first.admitted), len(first.queue) // 2, len(first.queue)}):
+        names = weighing(snapshot, want) | set(first.queue[:head])
+        assert admissions(snapshot, want, policy, names) == tuple(
+            t for t in first.transitions if t.node in first.admitted and t.node in names
+        )
+
+
+def weighing(snapshot: Snapshot, want: Desired) -> set[str]:
+    return {n.name for n in snapshot.nodes if n.name in want.selected and weighs_on_admission(n)}
+
+
+def admissions(snapshot: Snapshot, want: Desired, policy: Policy, names: set[str]) -> tuple[Transition, ...]:
+    """What the operator starts when slots free: the plan of just `names`, its admissions only."""
+    part = plan(replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in names)), want, policy)
+    return tuple(t for t in part.transitions if t.node in part.admitted)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -171,6 +192,7 @@ def test_rollouts_keep_the_invariants_and_converge(
     budget = max(policy.max_unavailable.resolve(len(specs)), unavailable(world))
     rounds = 40 * len(specs) + 100
     quiet = 0
+    queue: tuple[str, ...] = ()
     for round_ in range(rounds):
         snapshot = world.snapshot()
         full = plan(snapshot, want, policy)
@@ -179,8 +201,16 @@ def test_rollouts_keep_the_invariants_and_converge(
             break
         if round_ % 7 == 0:
             check_replan(snapshot, want, policy, full)
-        # Some rounds take only the quick steps the operator makes between whole plans.
-        result = Plan(advance(snapshot, want, policy)) if round_ % 3 == 1 else full
+        # Some rounds take only the quick steps the operator makes between whole plans, some also fill
+        # slots from the nodes that weigh on admission and the head of an earlier plan's queue.
+        if round_ % 3 == 1:
+            result = Plan(advance(snapshot, want, policy))
+        elif round_ % 3 == 2:
+            head = set(queue[: random.Random(round_).randint(0, len(queue))])
+            names = weighing(snapshot, want) | head
+            result = Plan(advance(snapshot, want, policy) + admissions(snapshot, want, policy, names))
+        else:
+            result, queue = full, full.queue
         crash_after = random.Random(round_).randint(0, len(result.transitions)) if round_ in crashes else None
         world.apply_plan(result, crash_after=crash_after)
         check_moment(world, budget, pre_cordoned)

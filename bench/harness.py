@@ -1,0 +1,114 @@
+"""What the operator benchmarks share (bench_operator, bench_upgrade): a local control plane with the
+GpuStack CRD, the operator as a subprocess with its metrics on a free port, and readings of that process
+(Prometheus metrics, peak memory, CPU time). Not a benchmark itself (run.py runs bench_*.py only).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuforge.devcluster.cluster import DevCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+GPUFORGE = Path(sys.executable).with_name("gpuforge")
+CRD = ROOT / "operator/deploy/crds/gpustacks.gpuforge.io.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def install_crd(cluster: DevCluster, timeout: float = 60) -> None:
+    """Apply the GpuStack CRD and wait until it is served (`kubectl wait` can fail at once on a CRD the
+    API server has only just stored: it is asked again)."""
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    deadline = time.monotonic() + timeout
+    while True:
+        done = cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "--timeout=10s", check=False
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the GpuStack CRD is not served after {timeout:.0f}s: {done.stderr.strip()}")
+        time.sleep(1)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """`gpuforge operator run` as a subprocess; its metrics on `metrics_port`."""
+
+    process: subprocess.Popen[bytes]
+    metrics_port: int
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+
+    def metric_sum(self, pattern: str, text: str | None = None) -> float:
+        """The sum of the values captured by `pattern` (group 1) over the metrics (fetched unless given)."""
+        text = self.metrics() if text is None else text
+        return sum(float(m[1]) for m in re.finditer(pattern, text, re.MULTILINE))
+
+    def requests(self) -> float:
+        """The operator's own API requests (gpuforge_api_requests_total over every verb and resource)."""
+        return self.metric_sum(r"^gpuforge_api_requests_total\{.*\} (\S+)$")
+
+
+@contextmanager
+def operator(cluster: DevCluster, log: Path) -> Iterator[Operator]:
+    """Run the operator with the cluster's admin kubeconfig (not $KUBECONFIG) until the block ends; its
+    output goes to `log`. Gives it 3 s to start its watches before the block begins."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    port = free_port()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(GPUFORGE),
+                "operator",
+                "run",
+                f"--kubeconfig={cluster.kubeconfig}",
+                "--bind=127.0.0.1",
+                f"--metrics-port={port}",
+                f"--liveness-port={free_port()}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        time.sleep(3)
+        yield Operator(process, port)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
