@@ -222,6 +222,13 @@ def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
             f"--port={PORT}",
             f"--cert={TLS_DIR}/tls.crt",
             f"--key={TLS_DIR}/tls.key",
+            # Followers verify the leader with it before forwarding admission requests to it.
+            f"--ca={TLS_DIR}/ca.crt",
+        ],
+        # The Lease holder's identity, and the address followers forward to.
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ],
         "ports": [{"name": "https", "containerPort": PORT}],
         "readinessProbe": {**probe, "httpGet": {**probe["httpGet"], "path": "/readyz"}, "periodSeconds": 5},
