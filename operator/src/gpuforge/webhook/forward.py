@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable
@@ -42,7 +43,9 @@ class Forwarder:
     server_name: str  # the name the leader's certificate must carry
     timeout: float = 4.0  # under the API server's webhook timeout
     on_unreachable: Callable[[], None] | None = None  # read the Lease again soon
+    own_endpoint: Callable[[], str] = lambda: ""  # where this replica serves (what it would publish)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
+    _warned: dict[str, float] = field(default_factory=dict, init=False)  # endpoint -> when last logged
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -63,6 +66,11 @@ class Forwarder:
             metrics.FORWARDED.labels("no_leader").inc()
             why = f"the GpuQuota leader {holder} published no endpoint" if holder else "no leader yet"
             return unavailable(why)
+        if endpoint == self.own_endpoint():  # an earlier process at this address: it is gone
+            metrics.FORWARDED.labels("no_leader").inc()
+            return unavailable(
+                f"the Lease still names {holder}, an earlier process at this address; it expires soon"
+            )
         started = time.perf_counter()
         try:
             async with self._http().post(
@@ -82,7 +90,15 @@ class Forwarder:
                 raise ValueError("the answer is not for this request")
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ssl.SSLError) as error:
             metrics.FORWARDED.labels("unreachable").inc()
-            log.warning("could not forward %s to leader %s at %s: %s", review.uid, holder, endpoint, error)
+            now = time.monotonic()
+            if now - self._warned.get(endpoint, -math.inf) >= 10.0:  # once per outage, not per request
+                self._warned[endpoint] = now
+                log.warning(
+                    "could not forward to leader %s at %s (%s): denying until it answers",
+                    holder,
+                    endpoint,
+                    error,
+                )
             if self.on_unreachable is not None:
                 self.on_unreachable()
             reason = str(error) or type(error).__name__

@@ -50,11 +50,15 @@ class Leadership:
         self._set(self.gate.took(how, self.now(), leading_until, self.timing))
         if self.gate.term != before.term:
             self.ledger.clear()
-            log.info(
-                "leading (%s): admitting in %.1fs, once the previous leader's admissions are visible",
-                how.value,
-                max(0.0, self.gate.admit_from - self.now()),
-            )
+            wait = max(0.0, self.gate.admit_from - self.now())
+            if wait > 0:
+                log.info(
+                    "leading (%s): admitting in %.1fs, once the previous leader's admissions are visible",
+                    how.value,
+                    wait,
+                )
+            else:
+                log.info("leading (%s): admitting once quotas and workloads are read afresh", how.value)
 
     def start(self) -> None:
         """No election: this process is the only replica."""
@@ -72,7 +76,7 @@ class Leadership:
     def synced(self, term: int) -> None:
         self._set(self.gate.synced(term))
         if self.gate.role is Role.ADMITTING and self.gate.term == term:
-            log.info("admitting GpuQuota requests (term %d, %d quotas)", term, len(self.ledger))
+            log.info("admitting GpuQuota requests (term %d, %d quota(s))", term, len(self.ledger))
 
     def stopping(self) -> None:
         self._set(self.gate.stopping())

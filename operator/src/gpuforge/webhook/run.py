@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -176,6 +177,7 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                 reloader.peer_name,
                 timeout=max(1.0, options.timeout_seconds - 1.0),
                 on_unreachable=elector.poke,
+                own_endpoint=lambda: elector.endpoint,
             )
             if elector is not None
             else None
@@ -235,10 +237,13 @@ async def _hand_over(leadership: Leadership, writer: WriteBehind, elector: Leade
     # Released early, the Lease would tell the next leader that earlier leaders' admissions are visible.
     waited_out = leadership.now() >= leadership.gate.admit_from
     leadership.stopping()
+    started = time.monotonic()
     written = await writer.flush(timeout=3.0)
     if elector is not None:
         elector.release_ok = written and waited_out
-    if not written:
+    if written:
+        log.info("stopped admitting; everything admitted is written (%.3fs)", time.monotonic() - started)
+    else:
         log.warning("stopping with admissions not written: the next leader waits for the Lease to expire")
 
 
