@@ -39,7 +39,11 @@ from gpuforge.constants import (
     STACK_LABEL,
 )
 from gpuforge.render.certs import CertPlan, KeyPair, service_dns_names
-from gpuforge.render.webhook_configurations import ClientTarget, render_webhook_configurations
+from gpuforge.render.webhook_configurations import (
+    DEFAULT_TIMEOUT_SECONDS,
+    ClientTarget,
+    render_webhook_configurations,
+)
 
 Manifest = dict[str, Any]
 # (apiVersion, kind, namespace, name): an object the quota deployment may have made.
@@ -224,6 +228,8 @@ def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
             f"--key={TLS_DIR}/tls.key",
             # Followers verify the leader with it before forwarding admission requests to it.
             f"--ca={TLS_DIR}/ca.crt",
+            # The configurations' timeoutSeconds: a new leader waits it out (docs/quota.md, Concurrency).
+            f"--timeout={DEFAULT_TIMEOUT_SECONDS}",
         ],
         # The Lease holder's identity, and the address followers forward to.
         "env": [
