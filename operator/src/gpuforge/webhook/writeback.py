@@ -6,7 +6,13 @@ precondition. One write per quota at a time, up to `concurrency` quotas at once;
 while a write is in flight go together in the next one. A 409 means the object changed since: the leader
 is the only status writer, so that is a spec edit; read the quota, take its spec and resourceVersion, and
 write the ledger's status again. Nothing is written once the leader's renew deadline has passed
-(`may_write`): a leader cut off from the API server stops, and its admissions stop too (`stalled`).
+(`may_write`).
+
+`stalled` tells admission when to stop: when a quota's oldest unwritten admission has waited more than
+the limit and its writes fail, or no write has landed anywhere for that long (a leader cut off from the
+API server, whose requests may hang rather than fail). A quota that only waits its turn behind writes
+that do land is not stalled, up to five times the limit: a busy API server slows the writes, and each
+write then carries more admissions.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ class WriteBehind:
     api: QuotaApi
     ledger: Ledger
     may_write: Callable[[], bool]
-    concurrency: int = 8
+    concurrency: int = 16
     # Called with a quota whose object was deleted and created again under its name (reloaded here):
     # the controller counts it afresh.
     on_reload: Callable[[str], None] | None = None
@@ -41,6 +47,7 @@ class WriteBehind:
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     _busy: set[str] = field(default_factory=set)
     _errors: dict[str, str] = field(default_factory=dict)  # the last failure per quota, for denials
+    _landed: float = field(default_factory=time.monotonic)  # when a write last succeeded
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def poke(self) -> None:
@@ -51,12 +58,18 @@ class WriteBehind:
         return self._errors.get(name, "")
 
     def stalled(self, name: str, limit: float) -> float | None:
-        """How long the oldest admission to `name` has waited to be written, if longer than `limit`."""
+        """How long the oldest admission to `name` has waited to be written, when admission to it must
+        stop (see the module's docstring); None while it may go on."""
         oldest = self.ledger.oldest_unwritten(name)
         if oldest is None:
             return None
-        waited = time.monotonic() - oldest
-        return waited if waited > limit else None
+        now = time.monotonic()
+        waited = now - oldest
+        if waited <= limit:
+            return None
+        if name in self._errors or now - self._landed > limit or waited > 5 * limit:
+            return waited
+        return None
 
     async def run(self) -> None:
         semaphore = asyncio.Semaphore(self.concurrency)
@@ -123,6 +136,7 @@ class WriteBehind:
                     backoff = await self._failed(name, error, backoff)
                     continue
                 backoff = 0.0
+                self._landed = time.monotonic()
                 self._errors.pop(name, None)
                 version = str((written.get("metadata") or {}).get("resourceVersion") or "")
                 waits = self.ledger.written(name, change, version, time.monotonic())

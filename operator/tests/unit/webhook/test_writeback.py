@@ -4,18 +4,25 @@ leader that cannot write stops admitting."""
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from gpuforge.quota.admission import Allowed, Denied
+from gpuforge.quota.admission import Allowed, Denied, WorkloadAsk
 from gpuforge.quota.convert import quota_from_object
+from gpuforge.quota.ledger import Ledger
 from gpuforge.webhook.metrics import REGISTRY
 from gpuforge.webhook.review import parse_review
+from gpuforge.webhook.writeback import WriteBehind
 
 from .fakes import GPU, MemoryApi, Shell, quota
 from .test_leader import create
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -95,3 +102,21 @@ async def test_nothing_is_written_once_leadership_ends(shell: Shell) -> None:
     shell.leadership.lost()
     assert await shell.writer.flush(timeout=0.2)  # nothing held, nothing to write
     assert shell.api.writes == []
+
+
+def test_an_admission_waiting_its_turn_behind_writes_that_land_is_not_a_stall() -> None:
+    ledger = Ledger()
+    ledger.load(quota_from_object(quota("q")))
+    writer = WriteBehind(MemoryApi(), ledger, lambda: True)  # type: ignore[arg-type]
+    ask = WorkloadAsk("r", "Deployment/ns/w", {GPU: Decimal(1)}, {GPU: Decimal(1)}, generation=1)
+    now = time.monotonic()
+    ledger.admit("q", ask, NOW, at=now - 1.0)
+    writer._landed = now  # other quotas' writes land: the API server is there, only busy
+    assert writer.stalled("q", 0.5) is None
+    writer._errors["q"] = "422: invalid"  # its own writes fail
+    assert (writer.stalled("q", 0.5) or 0) >= 1.0
+    writer._errors.clear()
+    writer._landed = now - 1.0  # nothing lands anywhere: cut off, or requests hang
+    assert (writer.stalled("q", 0.5) or 0) >= 1.0
+    writer._landed = now
+    assert writer.stalled("q", 0.1) is not None  # waiting five times the limit is too long anyway
