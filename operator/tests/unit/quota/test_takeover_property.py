@@ -214,8 +214,9 @@ class World(RuleBasedStateMachine):
         if replica.gate.refusal(self.now) is not None or Q not in replica.ledger:
             return
         oldest = replica.ledger.oldest_unwritten(Q)
-        if oldest is not None and self.now - oldest > STALL:
-            return  # the leader cannot write: it stops admitting
+        waited = self.now - oldest if oldest is not None else 0.0
+        if waited > STALL and (replica.cut_off or waited > 5 * STALL):
+            return  # the leader cannot write (or is far behind): it stops admitting
         name, uid = f"w{next(self.names)}", f"uid-{next(self.names)}"
         delta = {GPU: Decimal(gpus)}
         ask = WorkloadAsk(f"req-{name}", f"Deployment/ns/{name}", delta, delta, generation=1, object_uid=uid)
