@@ -86,7 +86,8 @@ class Forwarder:
                         response.request_info, (), status=response.status, message=text[:200]
                     )
             answer = json.loads(text)
-            if (answer.get("response") or {}).get("uid") != review.uid:
+            inner = answer.get("response") if isinstance(answer, dict) else None
+            if not isinstance(inner, dict) or inner.get("uid") != review.uid:
                 raise ValueError("the answer is not for this request")
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ssl.SSLError) as error:
             metrics.FORWARDED.labels("unreachable").inc()
