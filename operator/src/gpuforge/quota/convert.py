@@ -93,6 +93,11 @@ def quota_from_object(obj: Mapping[str, Any], *, with_status: bool = True) -> Gp
     )
 
 
+def used_from_object(obj: Mapping[str, Any]) -> ResourceList:
+    """status.used alone (what a follower shows), without reading the reservations."""
+    return _resources(_mapping(obj.get("status"), "status").get("used"), "status.used", allow_negative=True)
+
+
 def _status_from_object(status: Mapping[str, Any]) -> GpuQuotaStatus:
     reservations = []
     raw_reservations = status.get("reservations") or []

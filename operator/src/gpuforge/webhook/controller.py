@@ -34,7 +34,7 @@ from gpuforge.api.gpuquota import (
 )
 from gpuforge.constants import QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi
-from gpuforge.quota.convert import QuotaSpecError, quota_from_object
+from gpuforge.quota.convert import QuotaSpecError, quota_from_object, used_from_object
 from gpuforge.quota.leader import Role
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.reconcile import (
@@ -207,21 +207,23 @@ class UsageController:
             self.ledger.forget(name)
 
     async def run(self) -> None:
-        """Watch quotas and workloads; lead each term this replica gets; reconcile while leading.
+        """Watch quotas; lead each term this replica gets, watching workloads meanwhile; reconcile.
 
         Workloads and GpuQuotas come from watch-fed caches (list once, then watch), so a reconcile costs
-        no list calls."""
-        for kind, informer in (*self._workloads.items(), (KIND, self.quotas)):
-            self._tasks[kind] = asyncio.create_task(informer.run())
+        no list calls. A follower watches quotas only (to show the usage the leader writes): a new
+        leader lists everything afresh anyway."""
+        self._tasks[KIND] = asyncio.create_task(self.quotas.run())
         try:
-            for informer in (*self._workloads.values(), self.quotas):
-                await informer.synced.wait()
+            await self.quotas.synced.wait()
             while True:
                 gate = self.leadership.gate
                 if gate.role is Role.FOLLOWER or not gate.leads(self.leadership.now()):
                     await self.leadership.changed()
                     continue
-                await self._lead(gate.term)
+                try:
+                    await self._lead(gate.term)
+                finally:
+                    await self._stop_watching_workloads()
         finally:
             for task in (*self._tasks.values(), *self._background):
                 task.cancel()
@@ -280,16 +282,24 @@ class UsageController:
         await self.reconcile_all()
 
     async def _relist(self) -> None:
-        """Restart every informer: each lists its kind with a consistent read, then watches from there."""
+        """(Re)start every informer: each lists its kind with a consistent read, then watches from there."""
         for kind, informer in (*self._workloads.items(), (KIND, self.quotas)):
-            task = self._tasks.get(kind)
-            if task is not None:
-                task.cancel()
-                await asyncio.wait([task])  # (a cancellation of this task itself still goes through)
+            await self._stop(kind)
             informer.synced.clear()
             self._tasks[kind] = asyncio.create_task(informer.run())
         for informer in (*self._workloads.values(), self.quotas):
             await informer.synced.wait()
+
+    async def _stop(self, kind: str) -> None:
+        task = self._tasks.pop(kind, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # (a cancellation of this task itself still goes through)
+
+    async def _stop_watching_workloads(self) -> None:
+        for kind, informer in self._workloads.items():
+            await self._stop(kind)
+            informer.synced.clear()
 
     async def count(self, name: str) -> None:
         """Count `name` from the workloads now (a quota this leader has not recomputed yet)."""
@@ -494,11 +504,12 @@ class UsageController:
         return True
 
     def _export_written(self, obj: Obj) -> None:
-        try:
-            quota = quota_from_object(obj)
+        try:  # spec and `used` only: a follower sees every status write the leader makes
+            quota = quota_from_object(obj, with_status=False)
+            used = used_from_object(obj)
         except QuotaSpecError:
             return  # a quota the webhook refused to parse has no usage to show
-        self._export(quota.name, quota.hard, quota.status.used)
+        self._export(quota.name, quota.hard, used)
 
     def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:
         for key, amount in hard.items():

@@ -2,8 +2,10 @@
 
 An admission is answered as soon as the ledger (gpuforge.quota.ledger) has charged it; this writer then
 replaces the quota's status with what the ledger holds, with the resourceVersion it knows as the
-precondition. One write per quota at a time, up to `concurrency` quotas at once; admissions that come
-while a write is in flight go together in the next one. A 409 means the object changed since: the leader
+precondition. One write per quota at a time, up to `concurrency` quotas at once, and one per quota per
+`min_interval` at most: admissions that come meanwhile go together in the next write (a busy quota is
+written once a second, not once per admission). `flush` (a handover, a child quota's carve-out) does
+not wait for the interval. A 409 means the object changed since: the leader
 is the only status writer, so that is a spec edit; read the quota, take its spec and resourceVersion, and
 write the ledger's status again. Nothing is written once the leader's renew deadline has passed
 (`may_write`).
@@ -18,7 +20,9 @@ write then carries more admissions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ class WriteBehind:
     ledger: Ledger
     may_write: Callable[[], bool]
     concurrency: int = 16
+    min_interval: float = 1.0
     # Called with a quota whose object was deleted and created again under its name (reloaded here):
     # the controller counts it afresh.
     on_reload: Callable[[str], None] | None = None
@@ -48,6 +53,9 @@ class WriteBehind:
     _busy: set[str] = field(default_factory=set)
     _errors: dict[str, str] = field(default_factory=dict)  # the last failure per quota, for denials
     _landed: float = field(default_factory=time.monotonic)  # when a write last succeeded
+    _started: dict[str, float] = field(default_factory=dict)  # when each quota's last write began
+    _hurry: asyncio.Event = field(default_factory=asyncio.Event)  # set while a flush waits
+    _flushes: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def poke(self) -> None:
@@ -94,24 +102,41 @@ class WriteBehind:
         """Wait until every change made so far to `names` (default: every quota) is written."""
         targets = {name: self.ledger.changes(name) for name in (names or self.ledger.names())}
         deadline = time.monotonic() + timeout
+        self._flushes += 1
+        self._hurry.set()
         self.poke()
-        while any(self.ledger.written_up_to(name) < change for name, change in targets.items()):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self._progress.clear()
-            try:
-                async with asyncio.timeout(left):  # (not wait_for: on 3.11 it can swallow a cancel)
-                    await self._progress.wait()
-            except TimeoutError:
-                return False
-        return True
+        try:
+            while any(self.ledger.written_up_to(name) < change for name, change in targets.items()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._progress.clear()
+                try:
+                    async with asyncio.timeout(left):  # (not wait_for: on 3.11 it can swallow a cancel)
+                        await self._progress.wait()
+                except TimeoutError:
+                    return False
+            return True
+        finally:
+            self._flushes -= 1
+            if not self._flushes:
+                self._hurry.clear()
 
     async def _write_all(self, name: str, semaphore: asyncio.Semaphore) -> None:
         backoff = 0.0
         try:
-            while self.may_write() and (pending := self.ledger.to_write(name)) is not None:
+            while self.may_write() and self.ledger.to_write(name) is not None:
+                wait = self._started.get(name, -math.inf) + self.min_interval - time.monotonic()
+                if wait > 0 and not self._hurry.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait):  # admissions meanwhile join this write
+                            await self._hurry.wait()
+                    continue
+                pending = self.ledger.to_write(name)
+                if pending is None:
+                    break
                 quota, change = pending
+                self._started[name] = time.monotonic()
                 try:
                     async with semaphore:
                         written = await self.api.replace_quota_status(

@@ -120,3 +120,20 @@ def test_an_admission_waiting_its_turn_behind_writes_that_land_is_not_a_stall() 
     assert (writer.stalled("q", 0.5) or 0) >= 1.0
     writer._landed = now
     assert writer.stalled("q", 0.1) is not None  # waiting five times the limit is too long anyway
+
+
+async def test_a_busy_quota_is_written_once_per_interval_with_every_admission_since(shell: Shell) -> None:
+    api = shell.api
+    shell.writer.min_interval = 0.3
+    await admit(shell, "a")
+    await asyncio.sleep(0.1)
+    assert api.writes == ["q"]  # the first at once
+    await admit(shell, "b")
+    await admit(shell, "c")
+    await asyncio.sleep(0.1)
+    assert api.writes == ["q"]  # the next waits out the interval
+    await asyncio.sleep(0.3)
+    assert api.writes == ["q", "q"] and len(api.quotas["q"]["status"]["reservations"]) == 3
+    await admit(shell, "d")
+    assert await shell.writer.flush(timeout=0.1)  # a flush does not wait for the interval
+    assert len(api.writes) == 3
