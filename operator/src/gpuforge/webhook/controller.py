@@ -132,6 +132,8 @@ class UsageController:
     _dirty_quotas: set[str] = field(default_factory=set)
     # Usage of each workload by its resourceVersion: most events leave most workloads unchanged.
     _usages: dict[tuple[str, str, str], tuple[str, WorkloadUsage]] = field(default_factory=dict)
+    # Whether each workload refers to DRA claims, by its resourceVersion.
+    _claims: dict[tuple[str, str, str], tuple[str, bool]] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -326,21 +328,28 @@ class UsageController:
         )
         return dict(zip(WORKLOAD_KINDS, lists, strict=True))
 
+    def _uses_claims(self, key: tuple[str, str, str], obj: Obj) -> bool:
+        """Does the workload refer to ResourceClaims or templates? Remembered by resourceVersion."""
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        known = self._claims.get(key)
+        if version and known is not None and known[0] == version:
+            return known[1]
+        refs = referenced_claims(obj)
+        uses = bool(refs.templates or refs.claims)
+        if version:
+            self._claims[key] = (version, uses)
+        return uses
+
     async def snapshot(self, need_pods: bool) -> Snapshot:
         snap = Snapshot()
         for kind, items in (await self._list_workloads()).items():
-            for item in items:
-                if not is_controlled_by_workload(item):
-                    snap.workloads[_key(item, kind)] = {**item, "kind": kind}
+            for item in items:  # informers set `kind`; a listed item may lack it
+                obj = item if item.get("kind") == kind else {**item, "kind": kind}
+                if not is_controlled_by_workload(obj):
+                    snap.workloads[_key(obj, kind)] = obj
         namespaces = sorted({namespace for _, namespace, _ in snap.workloads})
         # Claims are read only where some workload refers to them (most use device-plugin requests).
-        with_claims = sorted(
-            {
-                namespace
-                for (_, namespace, _), obj in snap.workloads.items()
-                if (refs := referenced_claims(obj)).templates or refs.claims
-            }
-        )
+        with_claims = sorted({key[1] for key, obj in snap.workloads.items() if self._uses_claims(key, obj)})
         for namespace in with_claims:
             snap.catalogs[namespace] = await self._catalog(namespace)
         if need_pods:
@@ -435,33 +444,32 @@ class UsageController:
                 except WorkloadError as error:
                     log.warning("cannot count %s/%s: %s", obj.get("kind"), key[2], error)
                     continue
-            refs = referenced_claims(obj)
-            if version and not refs.templates and not refs.claims:  # claims can change underneath
+            if version and not self._uses_claims(key, obj):  # claims can change underneath
                 usage_cache[key] = (version, usage)
             usages.setdefault(usage.quota, []).append(usage)
         self._usages = usage_cache
+        self._claims = {key: known for key, known in self._claims.items() if key in snap.workloads}
         runs = self._runs(snap) if has_budgets else {}
         horizon = asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds()
         self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[2] > horizon}
-        # From here on nothing waits: the ledger is read and changed in one go, so admissions decided
-        # meanwhile are part of what is recomputed.
-        quotas = self.ledger.quotas()
-        children = children_of(quotas)
+        children = children_of(self.ledger.quotas())
         now = self.clock()
         # Besides the quotas events touched, a pass takes those holding a reservation old enough to
         # expire or whose put-off settling is due.
         due_age = min(2 * self.settle_seconds, self.reservation_ttl.total_seconds())
-        for quota in quotas:
-            if only is not None and quota.name not in only:
+        for index, name in enumerate(self.ledger.names()):
+            quota = self.ledger.quota(name)
+            if quota is None:
+                continue
+            if only is not None and name not in only:
                 ages = ((now - item.created).total_seconds() for item in quota.status.reservations)
                 if only_named or not any(age >= due_age for age in ages):
                     continue
-            self._apply(
-                quota,
-                children.get(quota.name, []),
-                usages.get(quota.name, []),
-                runs.get(quota.name, []),
-            )
+            # Each quota is read and changed in one go, so admissions decided meanwhile are part of
+            # what is recomputed; between quotas, waiting admissions go first.
+            self._apply(quota, children.get(name, []), usages.get(name, []), runs.get(name, []))
+            if index % 16 == 15:
+                await asyncio.sleep(0)
         return has_budgets
 
     def _apply(
