@@ -453,8 +453,29 @@ async def e2e_pair(
         "forwarded": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_forwarded_total{result="answered"}'
         ),
+        "leader_ms": _answer_mean_ms(metrics_before, metrics_after, leader=True),
+        "follower_ms": _answer_mean_ms(metrics_before, metrics_after, leader=False),
+        "writes_per_create": metric_delta(
+            metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="written"}'
+        )
+        / max(1, len(guarded)),
     }
     return plain, guarded, admitted, figures
+
+
+def _answer_mean_ms(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], leader: bool
+) -> float:
+    """Mean answer time measured inside the leader (its own decisions, and those the follower forwards
+    to it) or inside the follower (forwarding included)."""
+    series = 'gpuforge_quota_admission_duration_seconds_{}{{webhook="workloads"}}'
+    for replica, values in after.items():
+        if (values.get("gpuforge_quota_leader") == 1.0) is leader:
+            old = before.get(replica, {})
+            calls = values.get(series.format("count"), 0.0) - old.get(series.format("count"), 0.0)
+            seconds = values.get(series.format("sum"), 0.0) - old.get(series.format("sum"), 0.0)
+            return seconds / max(1.0, calls) * 1000
+    return 0.0
 
 
 def pair_results(
@@ -502,6 +523,18 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                     )
                 )
                 results.append(
+                    result(
+                        f"webhook answer time inside the leader, mean, c={concurrency}", figures["leader_ms"], "ms"
+                    )
+                )
+                results.append(
+                    result(
+                        f"webhook answer time inside the follower (forwarding), mean, c={concurrency}",
+                        figures["follower_ms"],
+                        "ms",
+                    )
+                )
+                results.append(
                     result(f"webhook CPU per create (2 replicas), c={concurrency}", figures["cpu_ms"], "ms")
                 )
                 results.append(
@@ -509,6 +542,20 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                         f"admission to its status write, p99 (write-behind), c={concurrency}",
                         figures["write_behind_p99_ms"],
                         "ms",
+                    )
+                )
+                results.append(
+                    result(
+                        f"status writes per create (usage recomputes too), c={concurrency}",
+                        figures["writes_per_create"],
+                        "writes",
+                    )
+                )
+                results.append(
+                    result(
+                        f"creates forwarded by the follower, c={concurrency}",
+                        figures["forwarded"] / max(1, len(guarded)),
+                        "share",
                     )
                 )
 
