@@ -342,6 +342,13 @@ class Demo:
             "A tree org -> research -> research-vision, and org -> inference. Workloads name their quota\n"
             "with the label gpuforge.io/quota; the webhook admits whole workloads or nothing.",
         )
+        # The webhook admits once a previous process's admissions could be visible (10 s after it started).
+        webhook_log = self.log_dir / "webhook.log"
+        wait_for(
+            "the quota webhook to admit",
+            lambda: "admitting GpuQuota requests" in webhook_log.read_text(errors="replace"),
+            timeout=60,
+        )
         self.kubectl("apply", "-f", str(self.root / "examples" / "quota-tree.yaml"))
         self.kubectl("create", "namespace", "ml")
         admitted = [

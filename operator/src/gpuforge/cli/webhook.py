@@ -1,4 +1,4 @@
-"""`gpuforge webhook`: run the GpuQuota admission webhook (and its usage controller)."""
+"""`gpuforge webhook`: run the GpuQuota admission webhook (its leader election and usage controller)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,12 @@ def webhook() -> None:
 @click.option(
     "--key", "key_file", type=click.Path(exists=True, path_type=Path), help="Its private key (PEM)."
 )
-@click.option("--ca", "ca_file", type=click.Path(exists=True, path_type=Path), help="CA bundle to register.")
+@click.option(
+    "--ca",
+    "ca_file",
+    type=click.Path(exists=True, path_type=Path),
+    help="CA bundle of the serving certificates: registered as caBundle, and trusted to reach the leader.",
+)
 @click.option("--kubeconfig", type=click.Path(exists=True, path_type=Path), envvar="KUBECONFIG")
 @click.option(
     "--register/--no-register",
@@ -32,8 +37,14 @@ def webhook() -> None:
 )
 @click.option("--name", default="gpuforge-quota", show_default=True, help="Prefix of the configurations.")
 @click.option("--failure-policy", type=click.Choice(["Fail", "Ignore"]), default="Fail", show_default=True)
-@click.option("--timeout", "timeout_seconds", default=5, show_default=True, type=click.IntRange(1, 30))
-@click.option("--controller/--no-controller", default=True, help="Run the usage controller in this process.")
+@click.option(
+    "--timeout",
+    "timeout_seconds",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 30),
+    help="timeoutSeconds of the webhook configurations calling this webhook (registered with it or not).",
+)
 @click.option("--resync", "resync_seconds", default=300.0, show_default=True, help="Full resync period (s).")
 @click.option(
     "--accrual", "accrual_seconds", default=60.0, show_default=True, help="Budget accrual period (s)."
@@ -47,12 +58,13 @@ def webhook() -> None:
 @click.option(
     "--leader-elect/--no-leader-elect",
     "leader_elect",
-    default=True,
-    help="Replicas elect one usage controller through a Lease (--no-leader-elect: this one always writes).",
+    default=None,
+    help="Replicas elect one leader through a Lease; it admits, the others forward to it "
+    "(--no-leader-elect: this process is the only replica). Default: elect, unless --register.",
 )
 @click.option(
     "--lease-namespace",
-    help="Namespace of the controller's Lease (default: the pod's namespace; outside a cluster `default`).",
+    help="Namespace of the leader's Lease (default: the pod's namespace; outside a cluster `default`).",
 )
 @click.option("--lease-name", help="Name of the Lease (default: <name>-controller).")
 @click.option(
@@ -62,6 +74,23 @@ def webhook() -> None:
     show_default=True,
     type=click.FloatRange(3.0, 300.0),
     help="Seconds a crashed leader's Lease blocks the others; renewed every third of it.",
+)
+@click.option(
+    "--persist-seconds",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.0, 60.0),
+    help="How long the API server may take to store an admitted object; a new leader waits it out "
+    "(with --timeout) before admitting, after a leader that stopped without handing over.",
+)
+@click.option(
+    "--advertise-host",
+    help="Address followers forward to (default: $POD_IP, else --host).",
+)
+@click.option(
+    "--peer-port",
+    type=int,
+    help="Also serve on this port, and have followers forward there (replicas sharing one address).",
 )
 @click.option("--crd", "crd_file", type=click.Path(exists=True, path_type=Path), help="Apply this CRD first.")
 @click.option("-v", "--verbose", is_flag=True)

@@ -293,7 +293,7 @@ class QuotaApi:
                 if line.strip():
                     yield json.loads(line)
 
-    # --- Leases (leader election of the usage controller) -------------------------------------------
+    # --- Leases (leader election) -------------------------------------------
 
     @staticmethod
     def _lease_path(namespace: str, name: str | None = None) -> str:
@@ -302,12 +302,18 @@ class QuotaApi:
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._request("GET", self._lease_path(namespace, name))
 
-    async def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    async def create_lease(
+        self,
+        namespace: str,
+        name: str,
+        spec: Mapping[str, Any],
+        annotations: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         """Create the Lease; Conflict (409 AlreadyExists) if another replica created it first."""
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
             "spec": dict(spec),
         }
         result = await self._request(
@@ -317,13 +323,24 @@ class QuotaApi:
         return result
 
     async def replace_lease(
-        self, namespace: str, name: str, resource_version: str, spec: Mapping[str, Any]
+        self,
+        namespace: str,
+        name: str,
+        resource_version: str,
+        spec: Mapping[str, Any],
+        annotations: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Replace the Lease only if it still has `resource_version` (Conflict otherwise)."""
+        """Replace the Lease (spec and annotations) only if it still has `resource_version` (Conflict
+        otherwise)."""
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "resourceVersion": resource_version,
+                "annotations": dict(annotations or {}),
+            },
             "spec": dict(spec),
         }
         result = await self._request(

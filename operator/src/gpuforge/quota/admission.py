@@ -1,15 +1,16 @@
 """Admission decisions for workloads and for the quota tree: Allowed(new status) or Denied(message).
 Stateless and deterministic: every decision comes from its inputs. No I/O.
 
-The carve-out rule makes one write enough: a child's `hard` is already counted in its parent's `used`,
-so admitting a workload only touches the quota it names, and creating a child only its parent. Whoever
-writes the returned status must do so with the quota's resourceVersion as a precondition and decide
-again from a fresh read on conflict; then no two requests can both take the last GPU.
+The carve-out rule makes one quota enough: a child's `hard` is already counted in its parent's `used`,
+so admitting a workload only touches the quota it names, and creating a child only its parent. Decisions
+about one quota must be made one after the other, each from the status the previous one returned: the
+leader's ledger (gpuforge.quota.ledger) does that in memory; then no two requests can both take the last
+GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -202,19 +203,6 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
         status=_with_reservation(quota, charged, reservation, self_usage=True),
         message=f'charged to GpuQuota "{quota.name}"',
     )
-
-
-def admit_many(
-    quota: GpuQuota, asks: Sequence[WorkloadAsk], now: datetime
-) -> tuple[GpuQuota, list[Decision]]:
-    """Decide several asks in order against one read of the quota (batched admission)."""
-    decisions: list[Decision] = []
-    for ask in asks:
-        decision = admit_workload(quota, ask, now)
-        if isinstance(decision, Allowed) and decision.status is not None:
-            quota = replace(quota, status=decision.status)
-        decisions.append(decision)
-    return quota, decisions
 
 
 # --- Tree rules -------------------------------------------------------------------------------------

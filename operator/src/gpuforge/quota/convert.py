@@ -73,23 +73,29 @@ def _integer(value: object, field: str) -> int:
     return value
 
 
-def quota_from_object(obj: Mapping[str, Any]) -> GpuQuota:
-    """Read a GpuQuota object; raise QuotaSpecError naming the bad field."""
+def quota_from_object(obj: Mapping[str, Any], *, with_status: bool = True) -> GpuQuota:
+    """Read a GpuQuota object; raise QuotaSpecError naming the bad field. `with_status=False` reads
+    spec and metadata only (an empty status), which is all a watch event tells the leader."""
     metadata = _mapping(obj.get("metadata"), "metadata")
     spec = _mapping(obj.get("spec"), "spec")
     parent = spec.get("parent") or ""
     if not isinstance(parent, str):
         raise QuotaSpecError(f"spec.parent: expected a string, got {parent!r}")
-    status = _mapping(obj.get("status"), "status")
+    status = _mapping(obj.get("status"), "status") if with_status else {}
     return GpuQuota(
         name=str(metadata.get("name", "")),
         parent=parent,
         hard=_resources(spec.get("hard"), "spec.hard"),
-        status=_status_from_object(status),
+        status=_status_from_object(status) if with_status else GpuQuotaStatus(),
         resource_version=str(metadata.get("resourceVersion", "")),
         uid=str(metadata.get("uid", "")),
         generation=_integer(metadata.get("generation"), "metadata.generation"),
     )
+
+
+def used_from_object(obj: Mapping[str, Any]) -> ResourceList:
+    """status.used alone (what a follower shows), without reading the reservations."""
+    return _resources(_mapping(obj.get("status"), "status").get("used"), "status.used", allow_negative=True)
 
 
 def _status_from_object(status: Mapping[str, Any]) -> GpuQuotaStatus:

@@ -144,33 +144,22 @@ def recompute_status(
     now: datetime,
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
     deleted: Mapping[str, Seen] | None = None,
-    keep_settled: timedelta = timedelta(0),
 ) -> GpuQuotaStatus:
     """A fresh status for `quota`: usage of `workloads` (those charged to it) and `children`'s hard,
     pending reservations, budgets carried forward plus `accrued`.
 
     `deleted` maps objects seen deleted (by ref) to their last generation and uid: a reservation for an
-    object that was created and deleted before any recompute saw it is settled too.
-
-    A settled reservation stays listed (not counted) until it is `keep_settled` old. Every webhook
-    replica runs this recompute from its own watch caches: one that lags must still find the
-    reservation of an object it does not see yet, or it would count neither and lower `used` under
-    what was admitted."""
+    object that was created and deleted before any recompute saw it is settled too. A settled
+    reservation is dropped: its usage is counted from its object from now on."""
     counted = [key for key in quota.hard if not is_cash_key(key)]
     live: dict[str, Seen] = {item.ref: (item.generation, item.uid) for item in workloads}
     for child in children:
         live[f"{KIND}//{child.name}"] = (child.generation, child.uid)
-    pending: list[Reservation] = []
-    kept: list[Reservation] = []
-    for reservation in quota.status.reservations:
-        age = now - reservation.created
-        if age >= reservation_ttl:
-            continue
-        if not _settled(reservation, live, deleted or {}):
-            pending.append(reservation)
-            kept.append(reservation)
-        elif age < keep_settled:
-            kept.append(reservation)
+    pending = [
+        reservation
+        for reservation in quota.status.reservations
+        if now - reservation.created < reservation_ttl and not _settled(reservation, live, deleted or {})
+    ]
     self_used: dict[str, Decimal] = {key: ZERO for key in counted}
     for item in workloads:
         add(self_used, restrict(item.usage, counted))
@@ -190,7 +179,7 @@ def recompute_status(
         hard=dict(quota.hard),
         used=used,
         self_used=self_used,
-        reservations=tuple(kept),
+        reservations=tuple(pending),
         last_reconcile_time=now,
     )
     return with_conditions(replace(quota, status=status), now).status

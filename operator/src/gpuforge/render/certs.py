@@ -152,6 +152,19 @@ def covers_hosts(cert_pem: bytes, hosts: Sequence[str]) -> bool:
     return all(host in present for host in hosts)
 
 
+def first_host(cert_pem: bytes) -> str:
+    """The first name the certificate is for (a DNS name, else an IP address; "" if none): the replicas
+    of the webhook serve one certificate, so one replica checks another against this name."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return ""
+    names = [str(v) for v in sans.get_values_for_type(x509.DNSName)]
+    names += [str(v) for v in sans.get_values_for_type(x509.IPAddress)]
+    return names[0] if names else ""
+
+
 def signed_by(cert_pem: bytes, ca_pem: bytes) -> bool:
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)

@@ -39,7 +39,11 @@ from gpuforge.constants import (
     STACK_LABEL,
 )
 from gpuforge.render.certs import CertPlan, KeyPair, service_dns_names
-from gpuforge.render.webhook_configurations import ClientTarget, render_webhook_configurations
+from gpuforge.render.webhook_configurations import (
+    DEFAULT_TIMEOUT_SECONDS,
+    ClientTarget,
+    render_webhook_configurations,
+)
 
 Manifest = dict[str, Any]
 # (apiVersion, kind, namespace, name): an object the quota deployment may have made.
@@ -222,6 +226,15 @@ def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
             f"--port={PORT}",
             f"--cert={TLS_DIR}/tls.crt",
             f"--key={TLS_DIR}/tls.key",
+            # Followers verify the leader with it before forwarding admission requests to it.
+            f"--ca={TLS_DIR}/ca.crt",
+            # The configurations' timeoutSeconds: a new leader waits it out (docs/quota.md, Concurrency).
+            f"--timeout={DEFAULT_TIMEOUT_SECONDS}",
+        ],
+        # The Lease holder's identity, and the address followers forward to.
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ],
         "ports": [{"name": "https", "containerPort": PORT}],
         "readinessProbe": {**probe, "httpGet": {**probe["httpGet"], "path": "/readyz"}, "periodSeconds": 5},

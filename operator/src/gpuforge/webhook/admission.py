@@ -1,40 +1,39 @@
-"""Admission handlers: turn an AdmissionRequest into a decision, reserving usage in GpuQuota status.
+"""Admission handlers of the leader: turn an AdmissionRequest into a decision from the in-memory ledger.
 
-Reservations go through a per-quota writer: requests for the same quota that arrive while a write is
-in flight are decided together against one fresh read and written with one compare-and-swap (the
-resourceVersion precondition), as the API server's own ResourceQuota admission batches its waiters.
-A 409 means another replica or the controller wrote first: read again, decide again. Dry-run requests
-are decided from a read and never written.
+A workload is charged to its quota in the ledger (gpuforge.quota.ledger) and answered at once; the
+write-behind (gpuforge.webhook.writeback) writes the reservation to the quota's status afterwards. Only
+the leader decides (gpuforge.webhook.leadership); until it has built its ledger, and once it cannot
+write for longer than `stall_seconds`, it denies with a message saying to try again. Dry-run requests
+are decided and never recorded. A child quota's carve-out is decided the same way and written before
+the answer (quotas change rarely; a user who creates a child sees its parent's usage at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 
-from gpuforge.api.gpuquota import KIND as QUOTA_KIND
 from gpuforge.api.gpuquota import GpuQuota
 from gpuforge.constants import QUOTA_LABEL
-from gpuforge.k8s.quota import ApiError, Conflict, Informer, QuotaApi
+from gpuforge.k8s.quota import ApiError, Informer, QuotaApi
 from gpuforge.quota.admission import (
     Allowed,
     Decision,
     Denied,
     WorkloadAsk,
-    admit_many,
     admit_quota_create,
     admit_quota_delete,
     admit_quota_update,
 )
-from gpuforge.quota.convert import QuotaSpecError, quota_from_object, status_to_object
+from gpuforge.quota.convert import QuotaSpecError, quota_from_object
+from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.usage import (
     ClaimCatalog,
     WorkloadError,
@@ -47,8 +46,9 @@ from gpuforge.quota.usage import (
     workload_ref,
     workload_usage,
 )
-from gpuforge.webhook import metrics
+from gpuforge.webhook.leadership import Leadership
 from gpuforge.webhook.review import AdmissionRequest
+from gpuforge.webhook.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -60,162 +60,8 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass
-class _Pending:
-    ask: WorkloadAsk
-    future: asyncio.Future[Decision]
-
-
-@dataclass
-class QuotaWriter:
-    """Serialises status writes per quota inside this process and batches waiting requests.
-
-    Decisions start from `quotas` (the watch-fed copy, or the answer to this process's last write), so an
-    admission costs one write and no read. A copy that lags only makes the compare-and-swap fail (409),
-    and then we read afresh. Denials are never made from a copy alone: a quota the controller just
-    released must not refuse work, so a batch with a denial is decided again from a fresh read.
-    """
-
-    api: QuotaApi
-    clock: Clock = utc_now
-    deadline_seconds: float = 4.0
-    quotas: Informer | None = None
-    _queues: dict[str, list[_Pending]] = field(default_factory=dict)
-    _draining: set[str] = field(default_factory=set)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    # The last copy parsed, by quota: (resourceVersion, quota); parsing status is most of a decision's CPU.
-    _parsed: dict[str, tuple[str, GpuQuota]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.quotas is None:  # not watched: remembers only this process's own writes
-            self.quotas = Informer(self.api, QUOTA_KIND)
-
-    @property
-    def cache(self) -> Informer:
-        assert self.quotas is not None
-        return self.quotas
-
-    def lock(self, quota_name: str) -> asyncio.Lock:
-        """Held while a status write to `quota_name` is decided and made (the controller takes it too)."""
-        return self._locks.setdefault(quota_name, asyncio.Lock())
-
-    async def admit(self, quota_name: str, ask: WorkloadAsk) -> Decision:
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(quota_name, []).append(_Pending(ask, future))
-        if quota_name not in self._draining:
-            self._draining.add(quota_name)
-            task = asyncio.create_task(self._drain(quota_name))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        return await future
-
-    async def _drain(self, quota_name: str) -> None:
-        try:
-            while batch := self._queues.pop(quota_name, None):
-                try:
-                    async with self.lock(quota_name):
-                        await self._decide(quota_name, batch)
-                except Exception as error:  # never leave a waiter hanging; each one reports it
-                    for item in batch:
-                        if not item.future.done():
-                            item.future.set_exception(error)
-        finally:
-            self._draining.discard(quota_name)
-
-    async def fresh(self, quota_name: str) -> dict[str, Any] | None:
-        """The quota as the API server has it now (and remember it)."""
-        raw = await self.api.get_quota(quota_name)
-        if raw is None:
-            self.cache.forget(quota_name)
-        else:
-            self.cache.offer(raw)
-        return raw
-
-    async def decide(
-        self, quota_name: str, asks: list[WorkloadAsk]
-    ) -> tuple[GpuQuota | None, GpuQuota | None, list[Decision]]:
-        """(quota as read, quota with the allowed asks charged, decisions), from the cached copy unless
-        it is missing or would deny something."""
-        raw, fresh = self.cache.get(quota_name), False
-        while True:
-            if raw is None:
-                raw, fresh = await self.fresh(quota_name), True
-            quota, denied = self._parse(quota_name, raw)
-            if quota is None:
-                if not fresh:
-                    raw = None
-                    continue
-                return None, None, [denied or _unavailable(quota_name, None)] * len(asks)
-            updated, decisions = admit_many(quota, asks, self.clock())
-            if fresh or not any(isinstance(d, Denied) for d in decisions):
-                return quota, updated, decisions
-            raw = None
-
-    def parsed(self, raw: Mapping[str, Any]) -> GpuQuota:
-        """`raw` parsed, from the copy kept by resourceVersion when it is the same version; raises
-        QuotaSpecError for an invalid quota."""
-        metadata = raw.get("metadata") or {}
-        name, version = str(metadata.get("name") or ""), str(metadata.get("resourceVersion") or "")
-        known = self._parsed.get(name)
-        if version and known is not None and known[0] == version:
-            return known[1]
-        quota = quota_from_object(raw)
-        if version:
-            self._parsed[name] = (version, quota)
-        return quota
-
-    def _parse(self, quota_name: str, raw: Mapping[str, Any] | None) -> tuple[GpuQuota | None, Denied | None]:
-        version = str(((raw or {}).get("metadata") or {}).get("resourceVersion") or "")
-        known = self._parsed.get(quota_name)
-        if raw is not None and version and known is not None and known[0] == version:
-            return known[1], None
-        quota, denied = parse_quota(quota_name, raw)
-        if quota is None:
-            self._parsed.pop(quota_name, None)
-        elif version:
-            self._parsed[quota_name] = (version, quota)
-        return quota, denied
-
-    def _remember(self, quota_name: str, written: Mapping[str, Any], updated: GpuQuota) -> None:
-        """What we just wrote is what the next decision reads (unless the watch brings a newer copy):
-        keep it parsed, so a busy quota is not parsed again from JSON after every write."""
-        version = str((written.get("metadata") or {}).get("resourceVersion") or "")
-        if version:
-            self._parsed[quota_name] = (version, replace(updated, resource_version=version))
-
-    async def _decide(self, quota_name: str, batch: list[_Pending]) -> None:
-        started = time.monotonic()
-        metrics.BATCH_SIZE.observe(len(batch))
-        while True:
-            quota, updated, decisions = await self.decide(quota_name, [item.ask for item in batch])
-            try:
-                if quota is not None and updated is not None and updated.status is not quota.status:
-                    written = await self.api.replace_quota_status(
-                        quota_name, quota.resource_version, status_to_object(updated.status)
-                    )
-                    self.cache.offer(written)
-                    self._remember(quota_name, written, updated)
-            except Conflict:
-                metrics.STATUS_CONFLICTS.labels("webhook").inc()
-                self.cache.forget(quota_name)  # the next round reads afresh
-                if time.monotonic() - started > self.deadline_seconds:
-                    for item in batch:
-                        item.future.set_result(_unavailable(quota_name, "too many concurrent writes"))
-                    return
-                continue
-            for item, decision in zip(batch, decisions, strict=True):
-                item.future.set_result(decision)
-            return
-
-
-def _unavailable(quota_name: str, error: object) -> Denied:
-    return Denied(
-        message=f'GpuQuota "{quota_name}": could not reserve usage ({error}); try again',
-        quota=quota_name,
-        reason="ServiceUnavailable",
-        code=503,
-    )
+def unavailable(message: str) -> Denied:
+    return Denied(f"gpuforge quota webhook: {message}; try again", reason="ServiceUnavailable", code=503)
 
 
 def parse_quota(name: str, raw: Mapping[str, Any] | None) -> tuple[GpuQuota | None, Denied | None]:
@@ -225,10 +71,6 @@ def parse_quota(name: str, raw: Mapping[str, Any] | None) -> tuple[GpuQuota | No
         return quota_from_object(raw), None
     except QuotaSpecError as error:
         return None, Denied(f'GpuQuota "{name}" is invalid: {error}', quota=name, reason="Invalid", code=422)
-
-
-async def read_quota(api: QuotaApi, name: str) -> tuple[GpuQuota | None, Denied | None]:
-    return parse_quota(name, await api.get_quota(name))
 
 
 async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -> ClaimCatalog:
@@ -254,22 +96,82 @@ async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -
     )
 
 
+def trivially_allowed(request: AdmissionRequest) -> bool:
+    """Requests any replica may allow without the ledger: workloads that carry no quota label, that a
+    workload controller owns (charged to their owner), or that are not created or updated."""
+    if request.kind == "GpuQuota" or request.sub_resource == "scale":
+        return False
+    obj = request.object
+    if obj is None or request.operation not in ("CREATE", "UPDATE"):
+        return True
+    return not labels_of(obj).get(QUOTA_LABEL) or is_controlled_by_workload(obj)
+
+
 @dataclass
 class AdmissionHandlers:
     api: QuotaApi
+    leadership: Leadership
+    writer: WriteBehind
+    # Counts a quota from the workloads (the usage controller), for a quota new to the ledger.
+    count: Callable[[str], Awaitable[None]]
+    # Labelled workloads by kind, from the controller's watch caches (the scale webhook reads them).
+    workload_caches: Mapping[str, Informer]
     clock: Clock = utc_now
-    # Watch-fed GpuQuotas (run by the caller); None: only this process's own writes are remembered.
-    quota_cache: Informer | None = None
-    writer: QuotaWriter = field(init=False)
+    # An admission waiting this long to be written means the leader cannot write: it stops admitting.
+    stall_seconds: float = 2.0
 
-    def __post_init__(self) -> None:
-        self.writer = QuotaWriter(self.api, self.clock, quotas=self.quota_cache)
+    @property
+    def ledger(self) -> Ledger:
+        return self.leadership.ledger
+
+    def _refusal(self, quota_name: str) -> Denied | None:
+        """Why no admission to `quota_name` may be decided now (None: it may)."""
+        refusal = self.leadership.refusal()
+        if refusal is not None:
+            return unavailable(refusal)
+        stalled = self.writer.stalled(quota_name, self.stall_seconds)
+        if stalled is not None:
+            error = self.writer.last_error(quota_name)
+            return unavailable(
+                f'admissions to GpuQuota "{quota_name}" of the last {stalled:.1f}s are not written to the '
+                f"API server yet{f' ({error})' if error else ''}"
+            )
+        return None
+
+    async def _ensure(self, quota_name: str) -> Decision | None:
+        """The quota in the ledger and counted (None), or why it cannot be: missing or invalid. A quota
+        new to this leader (just created, its watch event not here yet) is read and counted first."""
+        term = self.leadership.gate.term
+        if quota_name not in self.ledger:
+            raw = await self.api.get_quota(quota_name)
+            quota, denied = parse_quota(quota_name, raw)
+            if quota is None:
+                return denied
+            if self.leadership.gate.term != term or not self.leadership.holds_ledger():
+                return unavailable("the GpuQuota leader changed")
+            if quota_name not in self.ledger:
+                self.ledger.load(quota)
+        if not self.ledger.counted(quota_name):
+            await self.count(quota_name)
+        return None
 
     async def _charge(self, request: AdmissionRequest, quota_name: str, ask: WorkloadAsk) -> Decision:
-        if request.dry_run:  # decide, never write
-            _, _, (decision,) = await self.writer.decide(quota_name, [ask])
-            return decision
-        return await self.writer.admit(quota_name, ask)
+        refusal = self._refusal(quota_name)
+        if refusal is not None:
+            return refusal
+        missing = await self._ensure(quota_name)
+        if missing is not None:
+            return missing
+        # From here to the answer nothing waits: the decision and the charge are one step.
+        refusal = self._refusal(quota_name)
+        if refusal is not None:
+            return refusal
+        if request.dry_run:  # decide, never record
+            return self.ledger.decide(quota_name, ask, self.clock())
+        decision: Decision = self.ledger.admit(quota_name, ask, self.clock(), time.monotonic())
+        if isinstance(decision, Allowed) and decision.status is not None:
+            self.writer.poke()
+        return decision
 
     async def _usage(
         self, request: AdmissionRequest, obj: Mapping[str, Any], *, replicas: int | None = None, strict: bool
@@ -279,12 +181,11 @@ class AdmissionHandlers:
 
     async def workloads(self, request: AdmissionRequest) -> Decision:
         """CREATE/UPDATE of a Deployment, StatefulSet, ReplicaSet, Job, CronJob or Pod."""
+        if trivially_allowed(request):
+            return Allowed()
         obj = request.object
-        if obj is None or request.operation not in ("CREATE", "UPDATE"):
-            return Allowed()
+        assert obj is not None
         quota_name = str(labels_of(obj).get(QUOTA_LABEL) or "")
-        if not quota_name or is_controlled_by_workload(obj):
-            return Allowed()
         obj = {"kind": request.kind, **obj}
         try:
             new = await self._usage(request, obj, strict=True)
@@ -321,6 +222,18 @@ class AdmissionHandlers:
         )
         return await self._charge(request, quota_name, ask)
 
+    async def _scaled(self, kind: str, request: AdmissionRequest) -> dict[str, Any] | None:
+        """The workload a scale request changes, as it is now: the watch cache's copy when it is the very
+        version the request was made against (the old Scale carries the workload's resourceVersion),
+        else read. A copy that lags would charge against an old replica count and generation."""
+        current = str(((request.old_object or {}).get("metadata") or {}).get("resourceVersion") or "")
+        cache = self.workload_caches.get(kind)
+        cached = cache.get(request.name, request.namespace) if cache is not None else None
+        cached_version = (cached.get("metadata") or {}).get("resourceVersion") if cached is not None else None
+        if cached is not None and current and cached_version == current:
+            return dict(cached)
+        return await self.api.get_object(kind, request.namespace, request.name)
+
     async def scale(self, request: AdmissionRequest) -> Decision:
         """UPDATE of deployments/scale, statefulsets/scale, replicasets/scale (kubectl scale, HPA)."""
         kind = SCALE_KINDS.get(request.resource)
@@ -329,7 +242,7 @@ class AdmissionHandlers:
         replicas = (request.object.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool):
             return Allowed()  # the API server validates Scale objects itself
-        workload = await self.api.get_object(kind, request.namespace, request.name)
+        workload = await self._scaled(kind, request)
         if workload is None:
             return Allowed()
         workload = {"kind": kind, **workload}
@@ -392,31 +305,27 @@ class AdmissionHandlers:
     async def _carve(
         self, request: AdmissionRequest, parent_name: str, decide: Callable[[GpuQuota | None], Decision]
     ) -> Decision:
-        """Decide against a fresh read of the parent and write its status with a resourceVersion
-        precondition (under the parent's lock, so this process's admissions do not race it)."""
+        """Decide a child's carve-out against the parent in the ledger; charge it there and write it
+        before answering."""
         if not parent_name:
             return decide(None)
-        started = time.monotonic()
-        async with self.writer.lock(parent_name):
-            while True:
-                parent, denied = parse_quota(parent_name, await self.writer.fresh(parent_name))
-                if parent is None and denied is not None and denied.code != 404:
-                    return denied
-                decision = decide(parent)
-                if not isinstance(decision, Allowed) or decision.status is None or request.dry_run:
-                    return decision
-                assert parent is not None
-                try:
-                    written = await self.api.replace_quota_status(
-                        parent.name, parent.resource_version, status_to_object(decision.status)
-                    )
-                    self.writer.cache.offer(written)
-                    return decision
-                except Conflict:
-                    metrics.STATUS_CONFLICTS.labels("webhook").inc()
-                    if time.monotonic() - started > self.writer.deadline_seconds:
-                        return _unavailable(parent.name, "too many concurrent writes")
-                    await asyncio.sleep(random.uniform(0, 0.01))
+        refusal = self._refusal(parent_name)
+        if refusal is not None:
+            return refusal
+        missing = await self._ensure(parent_name)
+        if isinstance(missing, Denied) and missing.code != 404:
+            return missing
+        refusal = self._refusal(parent_name)
+        if refusal is not None:
+            return refusal
+        decision = decide(self.ledger.quota(parent_name))
+        if not isinstance(decision, Allowed) or decision.status is None or request.dry_run:
+            return decision
+        self.ledger.charge(parent_name, decision.status, time.monotonic())
+        if not await self.writer.flush([parent_name]):
+            # Held in the ledger all the same (a retry of this create replaces it, never adds to it).
+            return unavailable(f'the carve-out from GpuQuota "{parent_name}" could not be written yet')
+        return decision
 
 
 def _parent_of(obj: Mapping[str, Any]) -> str:

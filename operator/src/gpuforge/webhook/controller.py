@@ -1,11 +1,14 @@
-"""The usage controller: keeps every GpuQuota's status true to the workloads that exist.
+"""The usage controller: keeps the leader's ledger true to the workloads that exist, and leads its terms.
 
 On workload and GpuQuota events (debounced) and on a full resync (default every 5 minutes) it takes
 the labelled workloads from watch-fed caches, recomputes `used`/`selfUsed` with the pure core
-(releasing reservations of requests that failed), accrues `cash/` budgets from the run time of pods
-since `lastReconcileTime`, and writes status with a resourceVersion precondition. When a budget
-becomes spent it records an Event and sets the budget metric; running pods are left alone, new
-workloads are denied by the webhook.
+(releasing reservations of requests that failed, settling those whose objects it sees), accrues
+`cash/` budgets from the run time of pods since `lastReconcileTime`, and puts the result in the ledger,
+which the write-behind writes to each quota's status. When a budget becomes spent it records an Event
+and sets the budget metric; running pods are left alone, new workloads are denied by the webhook.
+
+It also walks each leadership term through its start: wait out the previous leader's admissions (the
+gate's `admit_from`), list quotas and workloads afresh, build the ledger from them, then admit.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from gpuforge.api.gpuquota import (
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
-from gpuforge.k8s.quota import ApiError, ChangeHandler, Conflict, Informer, QuotaApi
-from gpuforge.quota.convert import QuotaSpecError, quota_from_object, status_to_object
+from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi
+from gpuforge.quota.convert import QuotaSpecError, quota_from_object, used_from_object
+from gpuforge.quota.leader import Role
+from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.reconcile import (
     DEFAULT_RESERVATION_TTL,
     PodRun,
@@ -59,8 +64,9 @@ from gpuforge.quota.usage import (
     workload_usage,
 )
 from gpuforge.webhook import metrics
-from gpuforge.webhook.admission import Clock, QuotaWriter, utc_now
-from gpuforge.webhook.leader import LeaderElector
+from gpuforge.webhook.admission import Clock, utc_now
+from gpuforge.webhook.leadership import Leadership
+from gpuforge.webhook.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +102,8 @@ class Snapshot:
 @dataclass
 class UsageController:
     api: QuotaApi
+    leadership: Leadership
+    writer: WriteBehind
     clock: Clock = utc_now
     resync_seconds: float = 300.0
     # How often budgets accrue; a test shortens it together with `speedup`.
@@ -105,17 +113,10 @@ class UsageController:
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL
     # Events within this window are handled by one recompute (a burst of creates is one pass).
     debounce_seconds: float = 1.0
-    # A settled reservation stays listed this long, so that a replica whose watch lags still counts it
-    # (see recompute_status). Then a write that would only drop settled reservations waits until this
-    # many are due or the oldest has waited as long again: else every create costs a second write.
+    # A change that only drops settled reservations (used stays the same) is put off until this many
+    # are due or the oldest has waited this long: else every create would cost a second status write.
     settle_batch: int = 16
     settle_seconds: float = 15.0
-    # Shares the webhook's GpuQuota cache and per-quota locks: its writes never race this process's
-    # admissions, and it decides from the newest copy this process knows.
-    writer: QuotaWriter | None = None
-    # With several replicas, only the holder of the Lease writes recomputed usage (None: always write).
-    # The others keep their caches warm and take over from a full resync when they get the Lease.
-    leader: LeaderElector | None = None
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     # Objects seen deleted (ref -> (generation, uid, when)), so their reservations settle without the TTL.
     _deleted: dict[str, tuple[int, str, float]] = field(default_factory=dict)
@@ -124,23 +125,42 @@ class UsageController:
     # Set when a pass put off dropping settled reservations: the next pass comes within settle_seconds.
     _settles_deferred: bool = False
     _workloads: dict[str, Informer] = field(default_factory=dict)
+    quotas: Informer = field(init=False)
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # Quotas an event may have changed since the last pass: a pass after events recomputes only these
     # (and quotas holding reservations); a pass after a quiet period (resync, accrual) recomputes all.
     _dirty_quotas: set[str] = field(default_factory=set)
     # Usage of each workload by its resourceVersion: most events leave most workloads unchanged.
     _usages: dict[tuple[str, str, str], tuple[str, WorkloadUsage]] = field(default_factory=dict)
+    # Whether each workload refers to DRA claims, by its resourceVersion.
+    _claims: dict[tuple[str, str, str], tuple[str, bool]] = field(default_factory=dict)
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        if self.writer is None:
-            self.writer = QuotaWriter(self.api, self.clock)
+        self.quotas = Informer(self.api, KIND)
+        self._workloads = {kind: Informer(self.api, kind, QUOTA_LABEL) for kind in WORKLOAD_KINDS}
+        for kind, informer in self._workloads.items():
+            informer.listeners.append(self._listener(kind))
+        self.quotas.listeners.append(self._listener(KIND))
+        self.writer.on_reload = self.recount
+        self.leadership.listeners.append(self.poke)  # a pass ends at once when its term does
 
     @property
-    def quotas(self) -> Informer:
-        assert self.writer is not None
-        return self.writer.cache
+    def workload_caches(self) -> Mapping[str, Informer]:
+        """Labelled workloads by kind (watch-fed)."""
+        return self._workloads
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.leadership.ledger
 
     def poke(self) -> None:
         self._dirty.set()
+
+    def recount(self, name: str) -> None:
+        """Count `name` again at the next pass (its object was replaced)."""
+        self._dirty_quotas.add(name)
+        self.poke()
 
     def _listener(self, kind: str) -> ChangeHandler:
         def changed(event_type: str, obj: Obj) -> None:
@@ -150,8 +170,7 @@ class UsageController:
             previous = self._seen.get(ref)
             if kind == KIND:  # a quota's own hard, and its parent's carve-out of it
                 touched = {name, str((obj.get("spec") or {}).get("parent") or "")}
-                if event_type != "DELETED" and not self._may_write():
-                    self._export_written(obj)  # the leader writes usage; every replica shows it
+                self._quota_changed(event_type, name, obj)
             else:  # the quota it is charged to, and the one it was charged to before
                 touched = {label, previous[1] if previous is not None else ""}
             if event_type == "DELETED":
@@ -171,59 +190,122 @@ class UsageController:
 
         return changed
 
-    async def run(self, *, run_quota_informer: bool = True) -> None:
-        """Reconcile forever: on events, every `accrual_seconds` if budgets exist, and every resync.
-
-        Workloads and GpuQuotas come from watch-fed caches (list once, then watch), so a reconcile
-        costs no list calls; pass run_quota_informer=False when the caller already runs the quota cache.
-        """
-        self._workloads = {kind: Informer(self.api, kind, QUOTA_LABEL) for kind in WORKLOAD_KINDS}
-        for kind, informer in self._workloads.items():
-            informer.listeners.append(self._listener(kind))
-        self.quotas.listeners.append(self._listener(KIND))
-        informers = list(self._workloads.values())
-        if run_quota_informer:
-            informers.append(self.quotas)
-        tasks = [asyncio.create_task(informer.run()) for informer in informers]
+    def _quota_changed(self, event_type: str, name: str, obj: Obj) -> None:
+        """Keep the ledger's spec in step with the watch (its status is the ledger's own); a follower
+        shows the usage the leader writes."""
+        if not self.leadership.holds_ledger():
+            if event_type != "DELETED":
+                self._export_written(obj)
+            return
+        if event_type == "DELETED":
+            self.ledger.forget(name)
+            return
         try:
-            for informer in (*self._workloads.values(), self.quotas):
-                await informer.synced.wait()
-            loop = asyncio.get_running_loop()
-            full, last_full = True, loop.time()
+            if self.ledger.observe(quota_from_object(obj, with_status=False)):
+                return
+            self.ledger.load(quota_from_object(obj))  # new here, or deleted and created again
+        except QuotaSpecError as error:
+            log.warning("GpuQuota %s is invalid (%s): admissions to it are denied", name, error)
+            self.ledger.forget(name)
+
+    async def run(self) -> None:
+        """Watch quotas; lead each term this replica gets, watching workloads meanwhile; reconcile.
+
+        Workloads and GpuQuotas come from watch-fed caches (list once, then watch), so a reconcile costs
+        no list calls. A follower watches quotas only (to show the usage the leader writes): a new
+        leader lists everything afresh anyway."""
+        self._tasks[KIND] = asyncio.create_task(self.quotas.run())
+        try:
+            await self.quotas.synced.wait()
             while True:
-                if not self._may_write():
-                    await self._follow()
-                    full, last_full = True, loop.time()
-                self._dirty.clear()
-                self._settles_deferred = False
-                has_budgets = await self._reconcile_logged(full)
-                period = self.resync_seconds
-                if has_budgets:  # budgets accrue on a tick, events or not
-                    period = min(period, self.accrual_seconds)
-                wait = max(0.0, last_full + period - loop.time())
-                if self._settles_deferred:
-                    wait = min(wait, self.settle_seconds)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), timeout=wait)
-                await asyncio.sleep(self.debounce_seconds)
-                full = loop.time() - last_full >= period
-                if full:
-                    last_full = loop.time()
+                gate = self.leadership.gate
+                if gate.role is Role.FOLLOWER or not gate.leads(self.leadership.now()):
+                    await self.leadership.changed()
+                    continue
+                try:
+                    await self._lead(gate.term)
+                finally:
+                    await self._stop_watching_workloads()
         finally:
-            for task in tasks:
+            for task in (*self._tasks.values(), *self._background):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*self._tasks.values(), *self._background, return_exceptions=True)
 
-    def _may_write(self) -> bool:
-        return self.leader is None or self.leader.is_leader()
+    async def _lead(self, term: int) -> None:
+        """One term: wait out the previous leader, read everything afresh, then reconcile while it lasts."""
+        leadership = self.leadership
+        while leadership.current(term, Role.WAITING):
+            left = leadership.gate.admit_from - leadership.now()
+            if left <= 0:
+                leadership.syncing(term)
+                break
+            await leadership.changed(timeout=left)
+        while leadership.current(term, Role.SYNCING):
+            try:
+                await self._rebuild(term)
+            except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                log.warning("reading quotas and workloads afresh failed, retrying: %s", error)
+                await asyncio.sleep(1.0)
+                continue
+            leadership.synced(term)
+        loop = asyncio.get_running_loop()
+        full, last_full = False, loop.time()  # the rebuild was a full pass
+        while leadership.current(term, Role.ADMITTING, Role.STOPPING):
+            self._dirty.clear()
+            self._settles_deferred = False
+            has_budgets = await self._reconcile_logged(full)
+            period = self.resync_seconds
+            if has_budgets:  # budgets accrue on a tick, events or not
+                period = min(period, self.accrual_seconds)
+            wait = max(0.0, last_full + period - loop.time())
+            if self._settles_deferred:
+                wait = min(wait, self.settle_seconds)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):  # (not wait_for: on 3.11 it can swallow a cancel)
+                    await self._dirty.wait()
+            await asyncio.sleep(self.debounce_seconds)
+            full = loop.time() - last_full >= period
+            if full:
+                last_full = loop.time()
 
-    async def _follow(self) -> None:
-        """Wait, not writing, until this replica leads; its caches stay warm meanwhile."""
-        assert self.leader is not None
-        log.info("usage controller standing by: another replica holds the Lease")
-        await self.leader.wait_leading()
-        log.info("usage controller leading: full resync")
+    async def _rebuild(self, term: int) -> None:
+        """The ledger of a new term, from quotas and workloads listed afresh: every reservation the
+        previous leader wrote, and every object it admitted, is in what these lists return."""
+        await self._relist()
+        if not self.leadership.current(term, Role.SYNCING):
+            return
+        self.ledger.clear()
+        for raw in self.quotas.store.values():
+            try:
+                self.ledger.load(quota_from_object(raw))
+            except QuotaSpecError as error:
+                log.warning("GpuQuota %s is invalid (%s): admissions to it are denied", _key(raw)[2], error)
         self._dirty_quotas.clear()
+        await self.reconcile_all()
+
+    async def _relist(self) -> None:
+        """(Re)start every informer: each lists its kind with a consistent read, then watches from there."""
+        for kind, informer in (*self._workloads.items(), (KIND, self.quotas)):
+            await self._stop(kind)
+            informer.synced.clear()
+            self._tasks[kind] = asyncio.create_task(informer.run())
+        for informer in (*self._workloads.values(), self.quotas):
+            await informer.synced.wait()
+
+    async def _stop(self, kind: str) -> None:
+        task = self._tasks.pop(kind, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # (a cancellation of this task itself still goes through)
+
+    async def _stop_watching_workloads(self) -> None:
+        for kind, informer in self._workloads.items():
+            await self._stop(kind)
+            informer.synced.clear()
+
+    async def count(self, name: str) -> None:
+        """Count `name` from the workloads now (a quota this leader has not recomputed yet)."""
+        await self.reconcile_all({name}, only_named=True)
 
     async def _reconcile_logged(self, full: bool = True) -> bool:
         dirty, self._dirty_quotas = self._dirty_quotas, set()
@@ -239,28 +321,35 @@ class UsageController:
 
     async def _list_workloads(self) -> dict[str, list[dict[str, Any]]]:
         """Labelled workloads by kind: from the watch caches when running, else listed."""
-        if self._workloads:
+        if all(informer.synced.is_set() for informer in self._workloads.values()):
             return {kind: list(informer.store.values()) for kind, informer in self._workloads.items()}
         lists = await asyncio.gather(
             *(self.api.list_objects(kind, label_selector=QUOTA_LABEL) for kind in WORKLOAD_KINDS)
         )
         return dict(zip(WORKLOAD_KINDS, lists, strict=True))
 
+    def _uses_claims(self, key: tuple[str, str, str], obj: Obj) -> bool:
+        """Does the workload refer to ResourceClaims or templates? Remembered by resourceVersion."""
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        known = self._claims.get(key)
+        if version and known is not None and known[0] == version:
+            return known[1]
+        refs = referenced_claims(obj)
+        uses = bool(refs.templates or refs.claims)
+        if version:
+            self._claims[key] = (version, uses)
+        return uses
+
     async def snapshot(self, need_pods: bool) -> Snapshot:
         snap = Snapshot()
         for kind, items in (await self._list_workloads()).items():
-            for item in items:
-                if not is_controlled_by_workload(item):
-                    snap.workloads[_key(item, kind)] = {**item, "kind": kind}
+            for item in items:  # informers set `kind`; a listed item may lack it
+                obj = item if item.get("kind") == kind else {**item, "kind": kind}
+                if not is_controlled_by_workload(obj):
+                    snap.workloads[_key(obj, kind)] = obj
         namespaces = sorted({namespace for _, namespace, _ in snap.workloads})
         # Claims are read only where some workload refers to them (most use device-plugin requests).
-        with_claims = sorted(
-            {
-                namespace
-                for (_, namespace, _), obj in snap.workloads.items()
-                if (refs := referenced_claims(obj)).templates or refs.claims
-            }
-        )
+        with_claims = sorted({key[1] for key, obj in snap.workloads.items() if self._uses_claims(key, obj)})
         for namespace in with_claims:
             snap.catalogs[namespace] = await self._catalog(namespace)
         if need_pods:
@@ -336,22 +425,11 @@ class UsageController:
             runs.setdefault(quota, []).append(PodRun(per_pod, started, finished))
         return runs
 
-    async def reconcile_all(self, only: set[str] | None = None) -> bool:
-        """Recompute every quota once, or (`only`) those named and those holding reservations due to
-        expire or settle. Returns whether any quota has a budget (accrual needs ticks)."""
-        assert self.writer is not None
-        raw_quotas = (
-            list(self.quotas.store.values()) if self.quotas.synced.is_set() else await self.api.list_quotas()
-        )
-        quotas: list[GpuQuota] = []
-        for raw in raw_quotas:
-            try:
-                quotas.append(self.writer.parsed(raw))
-            except QuotaSpecError as error:
-                log.warning(
-                    "skipping invalid GpuQuota %s: %s", (raw.get("metadata") or {}).get("name"), error
-                )
-        has_budgets = any(is_cash_key(key) for quota in quotas for key in quota.hard)
+    async def reconcile_all(self, only: set[str] | None = None, *, only_named: bool = False) -> bool:
+        """Recompute every quota in the ledger once, or (`only`) those named and (unless `only_named`)
+        those holding reservations due to expire or settle. Returns whether any quota has a budget
+        (accrual needs ticks)."""
+        has_budgets = any(is_cash_key(key) for quota in self.ledger.quotas() for key in quota.hard)
         snap = await self.snapshot(need_pods=has_budgets)
         usages: dict[str, list[WorkloadUsage]] = {}
         usage_cache: dict[tuple[str, str, str], tuple[str, WorkloadUsage]] = {}
@@ -366,86 +444,61 @@ class UsageController:
                 except WorkloadError as error:
                     log.warning("cannot count %s/%s: %s", obj.get("kind"), key[2], error)
                     continue
-            refs = referenced_claims(obj)
-            if version and not refs.templates and not refs.claims:  # claims can change underneath
+            if version and not self._uses_claims(key, obj):  # claims can change underneath
                 usage_cache[key] = (version, usage)
             usages.setdefault(usage.quota, []).append(usage)
         self._usages = usage_cache
+        self._claims = {key: known for key, known in self._claims.items() if key in snap.workloads}
         runs = self._runs(snap) if has_budgets else {}
         horizon = asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds()
         self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[2] > horizon}
-        children = children_of(quotas)
+        children = children_of(self.ledger.quotas())
         now = self.clock()
         # Besides the quotas events touched, a pass takes those holding a reservation old enough to
         # expire or whose put-off settling is due.
         due_age = min(2 * self.settle_seconds, self.reservation_ttl.total_seconds())
-        for quota in quotas:
-            ages = ((now - item.created).total_seconds() for item in quota.status.reservations)
-            if only is not None and quota.name not in only and not any(age >= due_age for age in ages):
+        for index, name in enumerate(self.ledger.names()):
+            quota = self.ledger.quota(name)
+            if quota is None:
                 continue
-            await self._write(
-                quota,
-                children.get(quota.name, []),
-                usages.get(quota.name, []),
-                runs.get(quota.name, []),
-            )
+            if only is not None and name not in only:
+                ages = ((now - item.created).total_seconds() for item in quota.status.reservations)
+                if only_named or not any(age >= due_age for age in ages):
+                    continue
+            # Each quota is read and changed in one go, so admissions decided meanwhile are part of
+            # what is recomputed; between quotas, waiting admissions go first.
+            self._apply(quota, children.get(name, []), usages.get(name, []), runs.get(name, []))
+            if index % 16 == 15:
+                await asyncio.sleep(0)
         return has_budgets
 
-    async def _write(
+    def _apply(
         self,
         quota: GpuQuota,
         children: list[GpuQuota],
         usages: list[WorkloadUsage],
         runs: list[PodRun],
     ) -> None:
-        assert self.writer is not None
-        async with self.writer.lock(quota.name):
-            # Under the lock this process's admissions are not writing: the cached copy is the newest
-            # we know (it may hold reservations written after the snapshot was taken).
-            cached = self.quotas.get(quota.name)
-            if cached is not None:
-                quota = self.writer.parsed(cached)
-            for _ in range(5):
-                now = self.clock()
-                since = quota.status.last_reconcile_time or now
-                accrued = accrue(runs, since, now, self.speedup) if runs else {}
-                deleted = {ref: (generation, uid) for ref, (generation, uid, _) in self._deleted.items()}
-                status = recompute_status(
-                    quota,
-                    children,
-                    usages,
-                    accrued,
-                    now,
-                    self.reservation_ttl,
-                    deleted,
-                    keep_settled=timedelta(seconds=self.settle_seconds),
-                )
-                budgets = any(is_cash_key(key) for key in quota.hard)
-                if not budgets and (
-                    not status_differs(quota.status, status) or self._defer_settling(quota, status)
-                ):
-                    metrics.RECONCILES.labels("unchanged").inc()
-                    self._export(quota.name, quota.hard, status.used)
-                    return
-                if not self._may_write():  # leadership lapsed during this pass
-                    return
-                try:
-                    written = await self.api.replace_quota_status(
-                        quota.name, quota.resource_version, status_to_object(status)
-                    )
-                except Conflict:
-                    metrics.STATUS_CONFLICTS.labels("controller").inc()
-                    raw = await self.writer.fresh(quota.name)
-                    if raw is None:
-                        return
-                    quota = quota_from_object(raw)
-                    continue
-                self.quotas.offer(written)
-                metrics.RECONCILES.labels("written").inc()
-                self._export(quota.name, quota.hard, status.used)
-                await self._announce_budget(quota, status.conditions)
-                return
-        log.warning("GpuQuota %s: status kept changing under the controller; next resync retries", quota.name)
+        """Recompute `quota` (the ledger's copy) and put the result in the ledger to be written."""
+        now = self.clock()
+        since = quota.status.last_reconcile_time or now
+        accrued = accrue(runs, since, now, self.speedup) if runs else {}
+        deleted = {ref: (generation, uid) for ref, (generation, uid, _) in self._deleted.items()}
+        status = recompute_status(quota, children, usages, accrued, now, self.reservation_ttl, deleted)
+        budgets = any(is_cash_key(key) for key in quota.hard)
+        if not budgets and (not status_differs(quota.status, status) or self._defer_settling(quota, status)):
+            metrics.RECONCILES.labels("unchanged").inc()
+            self.ledger.recomputed(quota.name, None)
+            self._export(quota.name, quota.hard, quota.status.used)
+            return
+        self.ledger.recomputed(quota.name, status)
+        self.writer.poke()
+        metrics.RECONCILES.labels("changed").inc()
+        self._export(quota.name, quota.hard, status.used)
+        if _budget_became_spent(quota, status):
+            task = asyncio.create_task(self._announce_budget(quota, status))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _defer_settling(self, quota: GpuQuota, status: GpuQuotaStatus) -> bool:
         """Put off a write that would only drop a few recently settled reservations."""
@@ -459,11 +512,12 @@ class UsageController:
         return True
 
     def _export_written(self, obj: Obj) -> None:
-        try:
-            quota = quota_from_object(obj)
+        try:  # spec and `used` only: a follower sees every status write the leader makes
+            quota = quota_from_object(obj, with_status=False)
+            used = used_from_object(obj)
         except QuotaSpecError:
             return  # a quota the webhook refused to parse has no usage to show
-        self._export(quota.name, quota.hard, quota.status.used)
+        self._export(quota.name, quota.hard, used)
 
     def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:
         for key, amount in hard.items():
@@ -474,15 +528,18 @@ class UsageController:
                     1.0 if used.get(key, Decimal(0)) >= amount else 0.0
                 )
 
-    async def _announce_budget(self, before: GpuQuota, conditions: Sequence[Any]) -> None:
-        was = next(
-            (c.status for c in before.status.conditions if c.type == CONDITION_BUDGET_EXHAUSTED), "False"
+    async def _announce_budget(self, quota: GpuQuota, status: GpuQuotaStatus) -> None:
+        spent = next(c for c in status.conditions if c.type == CONDITION_BUDGET_EXHAUSTED)
+        await self.api.record_event(
+            quota_name=quota.name,
+            quota_uid=quota.uid,
+            reason=REASON_BUDGET_EXHAUSTED,
+            message=f"Budget spent; {spent.message}. Running workloads keep running.",
         )
-        now = next((c for c in conditions if c.type == CONDITION_BUDGET_EXHAUSTED), None)
-        if now is not None and now.status == "True" and was != "True":
-            await self.api.record_event(
-                quota_name=before.name,
-                quota_uid=before.uid,
-                reason=REASON_BUDGET_EXHAUSTED,
-                message=f"Budget spent; {now.message}. Running workloads keep running.",
-            )
+
+
+def _budget_became_spent(before: GpuQuota, after: GpuQuotaStatus) -> bool:
+    def spent(conditions: Sequence[Any]) -> bool:
+        return any(c.type == CONDITION_BUDGET_EXHAUSTED and c.status == "True" for c in conditions)
+
+    return spent(after.conditions) and not spent(before.status.conditions)

@@ -1,11 +1,14 @@
-"""Leader election of the usage controller: one replica at a time writes recomputed usage.
+"""Leader election: one replica at a time admits (from its in-memory ledger) and writes usage.
 
 The replicas race for a coordination.k8s.io/v1 Lease with resourceVersion preconditions; the pure
 state machine (gpuforge.quota.leader) says what to do with each read. A leader counts itself leader
 only until `renew_deadline` after its last successful renewal began, which is shorter than the Lease
 duration after which another replica may take over: a leader that cannot reach the API server stops
-writing before anyone else starts. On clean shutdown the leader releases the Lease, so failover is
-immediate; after a crash it takes the Lease duration plus one retry period.
+admitting and writing before anyone else starts. The holder publishes where it serves in an annotation
+of the Lease; followers read it every `retry_seconds` and forward admission requests there.
+
+On clean shutdown the leader releases the Lease once everything it admitted is written (`release_ok`),
+so the next one may admit at once; after a crash the Lease expires first.
 """
 
 from __future__ import annotations
@@ -17,14 +20,22 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from gpuforge.k8s.quota import ApiError, Conflict, QuotaApi
-from gpuforge.quota.leader import Action, decide, lease_record, released_spec
+from gpuforge.quota.leader import (
+    LEADER_ENDPOINT_ANNOTATION,
+    Action,
+    Takeover,
+    decide,
+    lease_record,
+    released_spec,
+    takeover,
+)
 from gpuforge.webhook import metrics
 from gpuforge.webhook.admission import Clock, utc_now
 
@@ -51,106 +62,142 @@ class LeaderElector:
     namespace: str
     name: str
     identity: str = field(default_factory=default_identity)
+    endpoint: str = ""  # where this replica serves, published while it leads
     clock: Clock = utc_now
     duration: timedelta = timedelta(seconds=15)
     renew_seconds: float = 5.0  # a leader renews this often
     retry_seconds: float = 2.0  # a follower reads the Lease this often
-    renew_deadline: timedelta = timedelta(seconds=10)  # < duration: stop writing before others may start
-    on_change: Callable[[bool], None] | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    _leading_until: float = 0.0  # loop time until which this replica may write
+    renew_deadline: timedelta = timedelta(seconds=10)  # < duration: stop before others may start
+    # Called with how this replica leads (every renewal too) and the loop time its term ends, and on loss.
+    on_lead: Callable[[Takeover, float], None] | None = None
+    on_lose: Callable[[], None] | None = None
+    # Set by the shutdown once everything admitted is written: only then is the Lease released.
+    release_ok: bool = False
+    # Monotonic seconds (default: the event loop's clock): the Lease's expiry and this replica's renew
+    # deadline are measured with it, never with the wall clock.
+    monotonic: Callable[[], float] | None = None
+    _leading_until: float = 0.0  # loop time until which this replica may admit and write
     _leading: bool = False
     _holder: str = ""
+    _leader_endpoint: str = ""
     _seen_version: str = ""
-    _observed_at: datetime | None = None
+    _seen_at: float | None = None  # loop time this replica first saw the Lease at _seen_version
     _last: dict[str, Any] | None = None
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        if self.renew_deadline >= self.duration:
+            raise ValueError("the renew deadline must be shorter than the Lease duration")
+
+    def _now(self) -> float:
+        return self.monotonic() if self.monotonic is not None else asyncio.get_running_loop().time()
 
     def is_leader(self) -> bool:
-        return self._leading and asyncio.get_running_loop().time() < self._leading_until
+        return self._leading and self._now() < self._leading_until
 
-    async def wait_leading(self) -> None:
-        while not self.is_leader():
-            self.changed.clear()
-            await self.changed.wait()
+    @property
+    def holder(self) -> str:
+        return self._holder
 
-    def _set_leading(self, leading: bool) -> None:
+    @property
+    def leader_endpoint(self) -> str:
+        """Where the holder serves, as last read (empty: no holder, or it published none)."""
+        return self._leader_endpoint
+
+    def poke(self) -> None:
+        """Read the Lease again soon (a forwarded request found no leader where the last read said)."""
+        self._wake.set()
+
+    def _set_leading(self, leading: bool, how: Takeover | None = None) -> None:
         if leading != self._leading:
             self._leading = leading
-            metrics.CONTROLLER_LEADER.set(1.0 if leading else 0.0)
+            metrics.LEADER.set(1.0 if leading else 0.0)
             log.info(
-                "usage controller %s leadership (Lease %s/%s, identity %s)",
+                "%s leadership (Lease %s/%s, identity %s)",
                 "took" if leading else "lost",
                 self.namespace,
                 self.name,
                 self.identity,
             )
-            self.changed.set()
-            if self.on_change is not None:
-                self.on_change(leading)
+            if not leading and self.on_lose is not None:
+                self.on_lose()
+        if leading and how is not None and self.on_lead is not None:
+            self.on_lead(how, self._leading_until)
 
-    def _note_holder(self, holder: str) -> None:
+    def _note_holder(self, holder: str, endpoint: str) -> None:
         if holder != self._holder:
-            self._holder = holder
-            log.info("usage controller Lease %s/%s held by %s", self.namespace, self.name, holder or "nobody")
+            log.info("Lease %s/%s held by %s", self.namespace, self.name, holder or "nobody")
+        self._holder, self._leader_endpoint = holder, endpoint
+
+    def _annotations(self) -> dict[str, str]:
+        return {LEADER_ENDPOINT_ANNOTATION: self.endpoint} if self.endpoint else {}
 
     async def step(self) -> None:
         """One read-decide-write round."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = self._now()
         raw = await self.api.get_lease(self.namespace, self.name)
         record = lease_record(raw)
-        now = self.clock()
         version = record.resource_version if record is not None else ""
-        if version != self._seen_version or self._observed_at is None:
-            self._seen_version, self._observed_at = version, now
+        if version != self._seen_version or self._seen_at is None:
+            self._seen_version, self._seen_at = version, self._now()
+        leading = self.is_leader()
         decision = decide(
             record,
             me=self.identity,
-            now=now,
-            observed_at=self._observed_at,
+            now=self.clock(),
+            waited=timedelta(seconds=self._now() - self._seen_at),
             duration=self.duration,
-            leading=self.is_leader(),
+            leading=leading,
         )
         if decision.action in (Action.WAIT, Action.LOST):
-            self._note_holder(decision.holder)
+            self._note_holder(decision.holder, record.endpoint if record is not None else "")
             self._set_leading(False)
             return
         assert decision.spec is not None
         try:
             if decision.action is Action.CREATE:
-                written = await self.api.create_lease(self.namespace, self.name, decision.spec)
+                written = await self.api.create_lease(
+                    self.namespace, self.name, decision.spec, self._annotations()
+                )
             else:
                 assert record is not None
-                written = await self.api.replace_lease(self.namespace, self.name, version, decision.spec)
+                written = await self.api.replace_lease(
+                    self.namespace, self.name, version, decision.spec, self._annotations()
+                )
         except Conflict:  # another replica wrote first: read again next round
             self._set_leading(False)
             return
         self._last = written
         self._seen_version = str((written.get("metadata") or {}).get("resourceVersion") or "")
-        self._observed_at = now
+        self._seen_at = self._now()
         self._leading_until = started + self.renew_deadline.total_seconds()
-        self._note_holder(self.identity)
-        self._set_leading(True)
+        self._note_holder(self.identity, self.endpoint)
+        self._set_leading(True, takeover(decision.action, record, leading))
 
     async def run(self) -> None:
-        """Campaign and renew until cancelled; then release the Lease if held."""
+        """Campaign and renew until cancelled; then release the Lease if held and `release_ok`."""
         try:
             while True:
                 try:
                     await self.step()
                 except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
-                    log.warning("usage controller Lease %s/%s: %s", self.namespace, self.name, error)
+                    log.warning("Lease %s/%s: %s", self.namespace, self.name, error)
                 if self._leading and not self.is_leader():  # could not renew in time
                     self._set_leading(False)
-                await asyncio.sleep(self.renew_seconds if self._leading else self.retry_seconds)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    # Not wait_for: on Python 3.11 it can swallow a cancellation (the shutdown's).
+                    async with asyncio.timeout(self.renew_seconds if self._leading else self.retry_seconds):
+                        await self._wake.wait()
+                    await asyncio.sleep(0.25)  # woken by poke(): at most four reads a second
         finally:
             await asyncio.shield(self._release())
 
     async def _release(self) -> None:
-        was_leading = self._leading
+        was_leading = self.is_leader()
         self._set_leading(False)
         record = lease_record(self._last)
-        if not was_leading or record is None or record.holder != self.identity:
+        if not was_leading or not self.release_ok or record is None or record.holder != self.identity:
             return
         try:
             await asyncio.wait_for(
@@ -159,6 +206,6 @@ class LeaderElector:
                 ),
                 timeout=3.0,
             )
-            log.info("usage controller released Lease %s/%s", self.namespace, self.name)
+            log.info("released Lease %s/%s", self.namespace, self.name)
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
             log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, error)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the quota webhook and its usage controller (one registry per process)."""
+"""Prometheus metrics of the quota webhook, its leader and usage controller (one registry per process)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ ProcessCollector(registry=REGISTRY)  # process_cpu_seconds_total, process_start_
 
 ADMISSIONS: Final = Counter(
     "gpuforge_quota_admissions_total",
-    "Admission requests answered, by webhook and result (allowed, denied, invalid, error).",
+    "Admission requests decided by this replica (the leader), by webhook and result (allowed, denied, "
+    "invalid, error).",
     ["webhook", "result"],
     registry=REGISTRY,
 )
 ADMISSION_LATENCY: Final = Histogram(
     "gpuforge_quota_admission_duration_seconds",
-    "Time to answer an admission request, measured inside the webhook.",
+    "Time to answer an admission request, measured inside the webhook (on a follower, forwarding to the "
+    "leader included).",
     ["webhook"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
     registry=REGISTRY,
@@ -29,14 +31,38 @@ BAD_REVIEWS: Final = Counter(
 )
 BATCH_SIZE: Final = Histogram(
     "gpuforge_quota_admission_batch_size",
-    "Admission requests for one quota decided together and reserved with one status write.",
+    "Admissions carried by one GpuQuota status write of the leader's write-behind.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
     registry=REGISTRY,
 )
-STATUS_CONFLICTS: Final = Counter(
-    "gpuforge_quota_status_conflicts_total",
-    "GpuQuota status writes that lost a race (HTTP 409) and were decided again from a fresh read.",
-    ["writer"],
+STATUS_WRITES: Final = Counter(
+    "gpuforge_quota_status_writes_total",
+    "GpuQuota status writes of the leader, by result: written, conflict (HTTP 409: the spec changed; "
+    "read again and write again), error.",
+    ["result"],
+    registry=REGISTRY,
+)
+WRITE_BEHIND: Final = Histogram(
+    "gpuforge_quota_write_behind_seconds",
+    "From an admission (answered at once) to the status write that carries its reservation.",
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0),
+    registry=REGISTRY,
+)
+WRITE_BACKLOG: Final = Gauge(
+    "gpuforge_quota_write_behind_backlog",
+    "Admissions the leader answered whose reservations are not written yet.",
+    registry=REGISTRY,
+)
+FORWARDED: Final = Counter(
+    "gpuforge_quota_forwarded_total",
+    "Admission requests a follower forwarded to the leader, by result: answered, no_leader, unreachable.",
+    ["result"],
+    registry=REGISTRY,
+)
+FORWARD_LATENCY: Final = Histogram(
+    "gpuforge_quota_forward_duration_seconds",
+    "Time a follower took to forward an admission request to the leader and get its answer.",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
     registry=REGISTRY,
 )
 BUDGET_EXHAUSTED: Final = Gauge(
@@ -74,8 +100,15 @@ CERT_RELOADS: Final = Counter(
     "Serving certificate reloads after the files changed.",
     registry=REGISTRY,
 )
-CONTROLLER_LEADER: Final = Gauge(
-    "gpuforge_quota_controller_leader",
-    "1 while this replica's usage controller holds the Lease and writes recomputed usage, else 0.",
+LEADER: Final = Gauge(
+    "gpuforge_quota_leader",
+    "1 while this replica holds the Lease (it admits and writes usage), else 0.",
+    registry=REGISTRY,
+)
+ROLE: Final = Gauge(
+    "gpuforge_quota_role",
+    "1 for this replica's role: follower (forwards to the leader), waiting (a new leader waiting out the "
+    "previous one's admissions), syncing (reading the cluster afresh), admitting, stopping.",
+    ["role"],
     registry=REGISTRY,
 )

@@ -1,4 +1,9 @@
-"""`gpuforge webhook run`: wire the HTTPS server, the usage controller and (optionally) registration.
+"""`gpuforge webhook run`: wire the HTTPS server, leadership, the ledger and its writer, the usage
+controller and (optionally) registration.
+
+Replicas elect a leader through a Lease; the leader decides admissions from its in-memory ledger and
+writes them behind, the others forward admission requests to it. Without election (`--no-leader-elect`,
+or `--register`, which serves one local process) this process is the leader.
 
 With `--register` the webhook serves on loopback with a CA it generates, registers its own
 ValidatingWebhookConfigurations (a `url` client config and that CA as caBundle) and removes them when it
@@ -10,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,14 +28,17 @@ from typing import Any
 
 import yaml
 
-from gpuforge.api.gpuquota import KIND as QUOTA_KIND
-from gpuforge.k8s.quota import Informer, QuotaApi
+from gpuforge.k8s.quota import QuotaApi
+from gpuforge.quota.leader import Timing
 from gpuforge.webhook.admission import AdmissionHandlers, Clock, utc_now
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 from gpuforge.webhook.controller import UsageController
-from gpuforge.webhook.leader import LeaderElector, default_namespace
+from gpuforge.webhook.forward import Forwarder
+from gpuforge.webhook.leader import LeaderElector, default_identity, default_namespace
+from gpuforge.webhook.leadership import Leadership
 from gpuforge.webhook.manifests import ClientTarget, FailurePolicy, render_webhook_configurations
 from gpuforge.webhook.server import CertReloader, make_app, serving
+from gpuforge.webhook.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -38,24 +49,35 @@ class WebhookOptions:
     port: int = 8443
     cert_file: Path | None = None
     key_file: Path | None = None
-    ca_file: Path | None = None  # the CA to put in caBundle when registering with given certificates
+    # The CA bundle the replicas' certificates chain to: put in caBundle when registering, and trusted
+    # when a follower forwards to the leader.
+    ca_file: Path | None = None
     kubeconfig: Path | None = None
     register: bool = False
     name: str = "gpuforge-quota"
     failure_policy: FailurePolicy = "Fail"
+    # timeoutSeconds of the webhook configurations that call this webhook (registered with it, or by the
+    # operator): a new leader waits it out, with persist_seconds, before admitting.
     timeout_seconds: int = 5
-    controller: bool = True
     resync_seconds: float = 300.0
     accrual_seconds: float = 60.0
     speedup: float = 1.0
     cert_check_seconds: float = 5.0
     crd_file: Path | None = None
     reuse_port: bool = False  # several replicas on one host share the port (benchmark)
-    # Only the holder of this Lease runs the usage controller's writes (replicas elect one).
-    leader_elect: bool = True
+    # Replicas elect one leader through a Lease (None: elect unless --register, which serves one process).
+    leader_elect: bool | None = None
     lease_namespace: str | None = None  # default: the pod's namespace, `default` outside a cluster
     lease_name: str | None = None  # default: <name>-controller
     lease_seconds: float = 15.0
+    # How long the API server may take to store an object after this webhook admitted it.
+    persist_seconds: float = 5.0
+    # Where followers reach this replica: https://<advertise_host>:<peer_port or port>. Default host: the
+    # pod's IP ($POD_IP), else the serving host.
+    advertise_host: str | None = None
+    # An extra port serving the same endpoints (replicas sharing one address, as the benchmark runs
+    # them, each need their own for forwarding).
+    peer_port: int | None = None
 
 
 @dataclass
@@ -64,7 +86,8 @@ class RunningWebhook:
     url: str
     ca_bundle: bytes
     api: QuotaApi
-    controller: UsageController | None
+    controller: UsageController
+    leadership: Leadership
 
 
 def _self_signed(directory: Path, host: str, clock: Clock) -> tuple[Path, Path, bytes]:
@@ -85,58 +108,90 @@ async def apply_crd(api: QuotaApi, path: Path) -> None:
     await api.wait_crd_established(document["metadata"]["name"])
 
 
+def advertised_host(options: WebhookOptions) -> str:
+    host = options.advertise_host or os.environ.get("POD_IP") or options.host
+    if host in ("", "0.0.0.0", "::"):  # a wildcard bind: no address to reach
+        host = socket.gethostbyname(socket.gethostname())
+    return f"[{host}]" if ":" in host else host
+
+
 @contextlib.asynccontextmanager
 async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> AsyncIterator[RunningWebhook]:
-    """Serve, reconcile and (optionally) register until the block exits; then unregister."""
+    """Serve, lead or follow, reconcile and (optionally) register until the block exits; then hand over
+    (stop admitting, write what the ledger holds, release the Lease) and unregister."""
     api = QuotaApi.from_kubeconfig(options.kubeconfig)
     with tempfile.TemporaryDirectory(prefix="gpuforge-webhook-") as scratch:
+        ca_file = options.ca_file
         if options.cert_file and options.key_file:
             cert, key = options.cert_file, options.key_file
             ca_bundle = options.ca_file.read_bytes() if options.ca_file else cert.read_bytes()
         else:
             cert, key, ca_bundle = _self_signed(Path(scratch), options.host, clock)
-        reloader = CertReloader(cert, key, options.cert_check_seconds)
-        quota_cache = Informer(api, QUOTA_KIND)  # admissions decide from it, writes keep it fresh
-        handlers = AdmissionHandlers(api, clock, quota_cache=quota_cache)
+            ca_file = Path(scratch) / "ca.crt"
+            ca_file.write_bytes(ca_bundle)
+        reloader = CertReloader(cert, key, options.cert_check_seconds, ca_file=ca_file)
+        leadership = Leadership(
+            Timing(
+                lease_duration=timedelta(seconds=options.lease_seconds),
+                webhook_timeout=timedelta(seconds=options.timeout_seconds),
+                persist=timedelta(seconds=options.persist_seconds),
+            )
+        )
+        writer = WriteBehind(api, leadership.ledger, leadership.may_write)
+        controller = UsageController(
+            api,
+            leadership,
+            writer,
+            clock,
+            resync_seconds=options.resync_seconds,
+            accrual_seconds=options.accrual_seconds,
+            speedup=options.speedup,
+        )
+        handlers = AdmissionHandlers(
+            api, leadership, writer, controller.count, controller.workload_caches, clock
+        )
+        elect = options.leader_elect if options.leader_elect is not None else not options.register
+        identity = default_identity()
         elector = (
             LeaderElector(
                 api,
                 options.lease_namespace or default_namespace(),
                 options.lease_name or f"{options.name}-controller",
+                identity=identity,
                 clock=clock,
                 duration=timedelta(seconds=options.lease_seconds),
                 renew_seconds=options.lease_seconds / 3,
                 retry_seconds=min(2.0, options.lease_seconds / 5),
                 renew_deadline=timedelta(seconds=options.lease_seconds * 2 / 3),
+                on_lead=leadership.took,
+                on_lose=leadership.lost,
             )
-            if options.controller and options.leader_elect
+            if elect
             else None
         )
-        controller = (
-            UsageController(
-                api,
-                clock,
-                resync_seconds=options.resync_seconds,
-                accrual_seconds=options.accrual_seconds,
-                speedup=options.speedup,
-                writer=handlers.writer,
-                leader=elector,
+        forwarder = (
+            Forwarder(
+                identity,
+                lambda: (elector.holder, elector.leader_endpoint),
+                lambda: reloader.client_context,
+                reloader.peer_name,
+                timeout=max(1.0, options.timeout_seconds - 1.0),
+                on_unreachable=elector.poke,
+                own_endpoint=lambda: elector.endpoint,
             )
-            if options.controller
+            if elector is not None
             else None
         )
         registered: list[str] = []
-        controller_task: asyncio.Task[None] | None = None
-        elector_task: asyncio.Task[None] | None = None
-        cache_task: asyncio.Task[None] | None = None
+        tasks: list[asyncio.Task[None]] = []
         try:
             if options.crd_file is not None:
                 await apply_crd(api, options.crd_file)
-            cache_task = asyncio.create_task(quota_cache.run())
+            ports = [options.port] + ([options.peer_port] if options.peer_port is not None else [])
             async with serving(
-                make_app(handlers), options.host, options.port, reloader, options.reuse_port
-            ) as port:
-                url = f"https://{options.host}:{port}"
+                make_app(handlers, forwarder), options.host, ports, reloader, options.reuse_port
+            ) as bound:
+                url = f"https://{options.host}:{bound[0]}"
                 if options.register:
                     target = ClientTarget(ca_bundle=ca_bundle, url=url)
                     for configuration in render_webhook_configurations(
@@ -148,25 +203,48 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                         await api.apply_webhook_configuration(configuration)
                         registered.append(configuration["metadata"]["name"])
                     log.info("registered %s -> %s", ", ".join(registered), url)
+                tasks.append(asyncio.create_task(writer.run()))
+                tasks.append(asyncio.create_task(controller.run()))
                 if elector is not None:
-                    elector_task = asyncio.create_task(elector.run())
-                if controller is not None:
-                    controller_task = asyncio.create_task(controller.run(run_quota_informer=False))
-                yield RunningWebhook(port, url, ca_bundle, api, controller)
+                    elector.endpoint = f"https://{advertised_host(options)}:{bound[-1]}"
+                    tasks.append(asyncio.create_task(elector.run()))
+                else:
+                    leadership.start()
+                try:
+                    yield RunningWebhook(bound[0], url, ca_bundle, api, controller, leadership)
+                finally:
+                    await _hand_over(leadership, writer, elector)
         finally:
-            # The controller stops before the Lease is released (the elector's last act), so no write
-            # of this replica overlaps the next leader's.
-            for task in (controller_task, elector_task, cache_task):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            for task in reversed(tasks):  # the elector first: it releases the Lease (if it may)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             for name in registered:
                 try:
                     await api.delete_webhook_configuration(name)
                 except Exception as error:
                     log.warning("could not remove ValidatingWebhookConfiguration %s: %s", name, error)
+            if forwarder is not None:
+                await forwarder.close()
             await api.close()
+
+
+async def _hand_over(leadership: Leadership, writer: WriteBehind, elector: LeaderElector | None) -> None:
+    """Stop admitting and write everything admitted; only then may the Lease be released, so that the
+    next leader can admit at once (it reads every admission from the quotas' status)."""
+    if leadership.is_follower():
+        return
+    # Released early, the Lease would tell the next leader that earlier leaders' admissions are visible.
+    waited_out = leadership.now() >= leadership.gate.admit_from
+    leadership.stopping()
+    started = time.monotonic()
+    written = await writer.flush(timeout=3.0)
+    if elector is not None:
+        elector.release_ok = written and waited_out
+    if written:
+        log.info("stopped admitting; everything admitted is written (%.3fs)", time.monotonic() - started)
+    else:
+        log.warning("stopping with admissions not written: the next leader waits for the Lease to expire")
 
 
 async def run_until_signalled(options: WebhookOptions) -> None:

@@ -3,6 +3,7 @@ serving-certificate reload without a restart.
 
 Endpoints: POST /validate-workloads, /validate-scale, /validate-gpuquotas; GET /metrics, /healthz.
 A body that is not a well-formed AdmissionReview (or is too large) gets HTTP 400 and one log line.
+A follower answers what needs no quota at once and forwards the rest to the leader (webhook.forward).
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuforge.quota.admission import Allowed, Decision, Denied
 from gpuforge.webhook import metrics
-from gpuforge.webhook.admission import AdmissionHandlers, safely
+from gpuforge.webhook.admission import AdmissionHandlers, safely, trivially_allowed
+from gpuforge.webhook.certs import first_host
+from gpuforge.webhook.forward import FORWARDED_HEADER, Forwarder
 from gpuforge.webhook.manifests import QUOTAS_PATH, SCALE_PATH, WORKLOADS_PATH
 from gpuforge.webhook.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review, review_response
 
@@ -56,7 +60,14 @@ async def _read_body(request: web.Request) -> bytes:
     return b"".join(chunks)
 
 
-def make_app(handlers: AdmissionHandlers) -> web.Application:
+def _answer(review: AdmissionRequest, decision: Decision) -> dict[str, Any]:
+    if isinstance(decision, Denied):
+        return review_response(review, False, decision.message, decision.code, decision.reason)
+    return review_response(review, True)
+
+
+def make_app(handlers: AdmissionHandlers, forwarder: Forwarder | None = None) -> web.Application:
+    """The webhook's routes. With a `forwarder`, a follower sends what needs the ledger to the leader."""
     app = web.Application(client_max_size=MAX_BODY_BYTES + 1)
 
     def endpoint(name: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -65,19 +76,26 @@ def make_app(handlers: AdmissionHandlers) -> web.Application:
             try:
                 if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
                     raise BadReview(f"body of {request.content_length} bytes is larger than {MAX_BODY_BYTES}")
-                review = parse_review(await _read_body(request))
+                body = await _read_body(request)
+                review = parse_review(body)
             except BadReview as error:
                 metrics.BAD_REVIEWS.inc()
                 log.warning("400 on %s from %s: %s", request.path, request.remote, error)
                 return web.json_response({"error": str(error)}, status=400)
-            decision = await safely(handler, review)
-            if isinstance(decision, Denied):
-                if decision.key.startswith("cash/"):
-                    metrics.BUDGET_DENIALS.labels(decision.quota, decision.key).inc()
-                response = review_response(review, False, decision.message, decision.code, decision.reason)
+            if (
+                forwarder is not None
+                and handlers.leadership.is_follower()
+                and FORWARDED_HEADER not in request.headers  # else: it came here as the leader; deny
+                and not trivially_allowed(review)
+            ):
+                forwarded = await forwarder.forward(request.path, body, review)
+                response = _answer(review, forwarded) if isinstance(forwarded, Denied) else forwarded
             else:
-                response = review_response(review, True)
-            metrics.ADMISSIONS.labels(name, _result(decision)).inc()
+                decision = await safely(handler, review)
+                if isinstance(decision, Denied) and decision.key.startswith("cash/"):
+                    metrics.BUDGET_DENIALS.labels(decision.quota, decision.key).inc()
+                metrics.ADMISSIONS.labels(name, _result(decision)).inc()
+                response = _answer(review, decision)
             metrics.ADMISSION_LATENCY.labels(name).observe(time.perf_counter() - started)
             return web.Response(text=json.dumps(response), content_type="application/json")
 
@@ -104,23 +122,39 @@ class CertReloader:
     """An SSLContext whose certificate follows the files: new handshakes use the new certificate.
 
     Secrets mounted in a pod are swapped by symlink; stat() follows it, so a new inode, mtime or size of
-    either file triggers a reload. A half-written pair fails to load and is retried on the next poll.
+    any file triggers a reload. A half-written pair fails to load and is retried on the next poll.
+
+    `client_context` trusts `ca_file` (the CA bundle the replicas' certificates chain to; without one,
+    the serving certificate itself): a follower verifies the leader with it before forwarding.
     """
 
     cert_file: Path
     key_file: Path
     interval: float = 5.0
+    ca_file: Path | None = None
+    client_context: ssl.SSLContext = field(init=False)
 
     def __post_init__(self) -> None:
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.context.load_cert_chain(self.cert_file, self.key_file)
+        self.client_context = self._client_context()
         self._seen = self._fingerprint()
+
+    def _client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_file or self.cert_file))
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return context
+
+    @property
+    def peer_name(self) -> str:
+        """The name another replica's certificate must carry (the first one of ours: they are the same)."""
+        return first_host(self.cert_file.read_bytes())
 
     def _fingerprint(self) -> tuple[int, ...]:
         # The inode too: a Secret volume swap points the names at new files, whatever their times.
-        cert, key = os.stat(self.cert_file), os.stat(self.key_file)
-        return (cert.st_ino, cert.st_mtime_ns, cert.st_size, key.st_ino, key.st_mtime_ns, key.st_size)
+        files = [self.cert_file, self.key_file, *([self.ca_file] if self.ca_file else [])]
+        return tuple(value for path in files for value in _stat(path))
 
     def reload_if_changed(self) -> bool:
         try:
@@ -131,6 +165,7 @@ class CertReloader:
             return False
         try:
             self.context.load_cert_chain(self.cert_file, self.key_file)
+            self.client_context = self._client_context()
         except (ssl.SSLError, OSError) as error:
             log.warning("new serving certificate not loadable yet: %s", error)
             return False
@@ -145,26 +180,39 @@ class CertReloader:
             self.reload_if_changed()
 
 
+def _stat(path: Path) -> tuple[int, int, int]:
+    info = os.stat(path)
+    return info.st_ino, info.st_mtime_ns, info.st_size
+
+
 @contextlib.asynccontextmanager
 async def serving(
-    app: web.Application, host: str, port: int, reloader: CertReloader, reuse_port: bool = False
-) -> AsyncIterator[int]:
-    """Serve `app` over TLS until the block exits; yields the bound port (0 picks a free one).
+    app: web.Application, host: str, ports: Sequence[int], reloader: CertReloader, reuse_port: bool = False
+) -> AsyncIterator[list[int]]:
+    """Serve `app` over TLS on each of `ports` until the block exits; yields the bound ports (0 picks a
+    free one).
 
-    `reuse_port` lets several replicas on one host share a port, the kernel spreading connections over
-    them as a Service does over pods (the benchmark runs two replicas that way)."""
+    `reuse_port` lets several replicas on one host share the first port, the kernel spreading connections
+    over them as a Service does over pods (the benchmark runs two replicas that way)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(
-        runner, host, port, ssl_context=reloader.context, backlog=512, reuse_port=reuse_port or None
-    )
-    await site.start()
-    watcher = asyncio.create_task(reloader.watch())
-    try:
+    bound: list[int] = []
+    for index, port in enumerate(ports):
+        site = web.TCPSite(
+            runner,
+            host,
+            port,
+            ssl_context=reloader.context,
+            backlog=512,
+            reuse_port=(reuse_port and index == 0) or None,
+        )
+        await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
-        bound = sockets[0].getsockname()[1] if sockets else port
-        yield int(bound)
+        bound.append(int(sockets[0].getsockname()[1]) if sockets else port)
+    watcher = asyncio.create_task(reloader.watch())
+    try:
+        yield bound
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

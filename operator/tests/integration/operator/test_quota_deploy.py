@@ -318,12 +318,16 @@ def external_webhook(cluster: Any, tmp_path: Path) -> Iterator[tuple[str, bytes]
         "--host", "127.0.0.1", "--port", str(port),
         "--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key"),
         "--kubeconfig", str(cluster.kubeconfig), "--resync", "5",
+        "--no-leader-elect",  # the only replica: it leads without a Lease
     ]  # fmt: skip
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     try:
+        # It admits once an earlier process's admissions could be visible: 10 s after it starts.
         wait_for(
-            "the webhook to serve", lambda: process.poll() is None and b"serving on" in log.read_bytes(), 60
+            "the webhook to admit",
+            lambda: process.poll() is None and b"admitting GpuQuota requests" in log.read_bytes(),
+            60,
         )
         yield f"https://127.0.0.1:{port}", ca.cert_pem
     finally:

@@ -1,6 +1,9 @@
 """Fixtures for the GpuQuota integration tests: the webhook as a real process on the host, registered
 with the local control plane (whose API server calls it over TLS), and helpers to create workloads.
 
+The session's webhook is one process (`--register`: always the leader). Tests of several replicas stop
+it and run their own, electing a leader through a Lease, with one certificate and CA between them.
+
 `dev_cluster` and `namespace` come from the gpuforge.testing pytest plugin.
 """
 
@@ -17,16 +20,21 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from gpuforge.webhook.certs import generate_ca, issue_serving_cert
+
 REPO = Path(__file__).resolve().parents[4]
 CRD = REPO / "operator" / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"
 GPU = "requests.nvidia.com/gpu"
 LEASE_SECONDS = 6
+ADMITTING = "admitting GpuQuota requests"
 
 
 def _free_port() -> int:
@@ -35,21 +43,56 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Certificates:
+    """One serving certificate (for 127.0.0.1) and its CA, shared by replicas of one webhook."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    @classmethod
+    def issue(cls, directory: Path) -> Certificates:
+        now = datetime.now(UTC)
+        ca = generate_ca(now)
+        pair = issue_serving_cert(ca, ["127.0.0.1", "localhost"], now)
+        result = cls(directory / "tls.crt", directory / "tls.key", directory / "ca.crt")
+        result.cert.write_bytes(pair.cert_pem)
+        result.key.write_bytes(pair.key_pem)
+        result.ca.write_bytes(ca.cert_pem)
+        return result
+
+
 class WebhookProcess:
-    """`gpuforge webhook run --register` as a child process; restartable on the same port."""
+    """`gpuforge webhook run` as a child process; restartable on the same port.
+
+    Alone (`elect=False`, registered) it is the leader; replicas (`elect=True`) elect one through a
+    Lease, and only the registered one is what the API server calls."""
 
     def __init__(
-        self, kubeconfig: Path, log_dir: Path, *, register: bool = True, tag: str = "webhook"
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        *,
+        register: bool = True,
+        tag: str = "webhook",
+        elect: bool = False,
+        certificates: Certificates | None = None,
+        lease_name: str = "",
     ) -> None:
         self.kubeconfig = kubeconfig
         self.port = _free_port()
         self.log_dir = log_dir
-        self.register = register  # a second replica serves and reconciles but is not what the API calls
+        self.register = register
         self.tag = tag
+        self.elect = elect
+        self.certificates = certificates
+        self.lease_name = lease_name
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self) -> None:
+    def start(self, *, wait_admitting: bool = True) -> None:
+        """Start; with `wait_admitting`, until this process admits (a leader past its wait)."""
         self.starts += 1
         log = self.log_path.open("wb")
         command = [
@@ -74,36 +117,58 @@ class WebhookProcess:
             "--speedup",
             "3600",
             "--timeout",
-            "10",
-            # Replicas elect one usage controller; a short Lease keeps failover after a SIGKILL quick.
+            "5",
+            # Replicas elect one leader; a short Lease keeps failover after a SIGKILL quick.
             "--lease-duration",
             str(LEASE_SECONDS),
         ]
+        if self.elect:
+            command.append("--leader-elect")
+        if self.lease_name:
+            command += ["--lease-name", self.lease_name]
+        if self.certificates is not None:
+            certs = self.certificates
+            command += ["--cert", str(certs.cert), "--key", str(certs.key), "--ca", str(certs.ca)]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
+        self.wait_log("serving on", 60)
+        if wait_admitting:
+            # Its first wait: the previous process's admissions (10 s), or a new Lease's (16 s).
+            self.wait_log(ADMITTING, 90)
+
+    def wait_log(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"webhook exited: {(self.log_path).read_text()}")
-            if b"serving on" in (self.log_path).read_bytes():
+            assert self.process is not None
+            if text.encode() in self.log_path.read_bytes():
                 return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"webhook exited: {self.log_path.read_text()}")
             time.sleep(0.1)
-        raise RuntimeError("webhook did not start in 60 s")
+        raise RuntimeError(f"webhook did not log {text!r} in {timeout} s: {self.log_path.read_text()}")
 
     @property
     def log_path(self) -> Path:
         return self.log_dir / f"{self.tag}-{self.starts}.log"
 
-    def metric(self, name: str) -> float | None:
-        """A sample of this process's /metrics (self-signed serving certificate: not verified)."""
+    def metric(self, series: str) -> float | None:
+        """A sample of this process's /metrics, by its whole series (`name` or `name{label="v"}`); the
+        serving certificate is not verified."""
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         url = f"https://127.0.0.1:{self.port}/metrics"
         with urllib.request.urlopen(url, context=context, timeout=5) as response:
             for line in response.read().decode().splitlines():
-                if line.startswith(name + " ") or line.startswith(name + "{"):
+                if line.rsplit(" ", 1)[0] == series:
                     return float(line.rsplit(" ", 1)[1])
         return None
+
+    def role(self) -> str:
+        """follower, waiting, syncing, admitting or stopping (from gpuforge_quota_role)."""
+        for role in ("follower", "waiting", "syncing", "admitting", "stopping"):
+            if self.metric(f'gpuforge_quota_role{{role="{role}"}}') == 1.0:
+                return role
+        return "unknown"
 
     def stop(self, *, crash: bool = False) -> None:
         """SIGTERM unregisters; a crash (SIGKILL) leaves the configurations, so requests fail closed."""
@@ -113,9 +178,9 @@ class WebhookProcess:
         self.process.wait(timeout=30)
         self.process = None
 
-    def restart(self) -> None:
+    def restart(self, *, wait_admitting: bool = True) -> None:
         self.stop(crash=True)
-        self.start()
+        self.start(wait_admitting=wait_admitting)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,9 @@
 """GpuQuota on the real local control plane: the API server calls the webhook over TLS.
 
 Each test gets quotas with unique names (and a fresh namespace), so they share one webhook process.
+Admissions are answered first and written to the quota's status right after (write-behind): a test
+that reads the status after an admission waits a moment for it; a child quota's carve-out is written
+before the answer.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def test_fifty_racing_creates_admit_exactly_sixteen(quotas: Quotas, namespace: s
     assert admitted == 16, (admitted, odd[:3], quotas.get("race").get("status"))
     assert not odd, odd[:3]
     assert len(apps.list_namespaced_deployment(namespace).items) == 16
-    assert quotas.used("race") == "16"
+    wait_for(lambda: quotas.used("race") == "16", timeout=5, message="the status to say 16")
     time.sleep(6)  # a full resync recomputes from the Deployments that exist: still 16
     assert quotas.used("race") == "16"
 
@@ -128,10 +131,15 @@ def test_a_scale_reservation_keeps_its_generation_on_the_server(
     assert create(apps, namespace, deployment("g", quotas.name("gen"), replicas=0)) == "admitted"
     before = apps.read_namespaced_deployment("g", namespace).metadata.generation
     apps.patch_namespaced_deployment_scale("g", namespace, {"spec": {"replicas": 2}})
-    reservations = quotas.get("gen").get("status", {}).get("reservations") or []
-    mine = [r for r in reservations if r["workload"] == f"Deployment/{namespace}/g"]
-    # Settled reservations are dropped in batches (15 s), so it is still there right after the scale.
-    assert mine and mine[-1].get("generation") == before + 1, reservations
+
+    def mine() -> list[dict[str, Any]]:
+        reservations = quotas.get("gen").get("status", {}).get("reservations") or []
+        return [r for r in reservations if r["workload"] == f"Deployment/{namespace}/g"]
+
+    # Written right after the answer; settled reservations are dropped in batches (15 s), so it is
+    # still there a moment after the scale.
+    wait_for(lambda: bool(mine()), timeout=5, message="the scale's reservation in status")
+    assert mine()[-1].get("generation") == before + 1, mine()
     wait_for(lambda: quotas.used("gen") == "2", message="status to settle at 2")
 
 
@@ -153,11 +161,13 @@ def test_webhook_restart_in_the_middle_changes_nothing(
     with ThreadPoolExecutor(50) as pool:
         futures = [pool.submit(create_until_answered, i) for i in range(50)]
         time.sleep(0.3)
-        quota_webhook.restart()  # SIGKILL mid-race, then a new process with a new CA on the same port
+        # SIGKILL mid-race, then a new process with a new CA on the same port: it waits out what the
+        # killed one admitted without writing it (the webhook timeout plus the time to store it).
+        quota_webhook.restart()
         results = [f.result(timeout=180) for f in futures]
     assert results.count("admitted") == 16
     assert len(apps.list_namespaced_deployment(namespace).items) == 16
-    assert quotas.used("restart") == "16"
+    wait_for(lambda: quotas.used("restart") == "16", timeout=5, message="the status to say 16")
 
 
 # --- per model, DRA, budgets -------------------------------------------------------------------------
@@ -173,7 +183,7 @@ def test_model_quota_inside_generic_quota(quotas: Quotas, namespace: str, api_cl
     other = [create(apps, namespace, deployment(f"l{i}", name, model="L4")) for i in range(8)]
     assert other.count("admitted") == 6
     assert "requests.nvidia.com/gpu=1 but only 0 is left" in other[-1]
-    assert quotas.used("models") == "10"
+    wait_for(lambda: quotas.used("models") == "10", timeout=5, message="the status to say 10")
     assert quotas.used("models", f"{GPU}.H100") == "4"
 
 
@@ -231,7 +241,7 @@ def test_job_with_claim_template_counts_devices(quotas: Quotas, namespace: str, 
     )
     batch = client.BatchV1Api(api_client)
     batch.create_namespaced_job(namespace, _job("train", quotas.name("dra"), 3))  # 2 devices x 3 pods
-    assert quotas.used("dra", DRA) == "6"
+    wait_for(lambda: quotas.used("dra", DRA) == "6", timeout=5, message="the status to say 6")
     with pytest.raises(client.ApiException, match="devices=2 but only 0 is left"):
         batch.create_namespaced_job(namespace, _job("more", quotas.name("dra"), 1))
 
@@ -323,11 +333,11 @@ def test_delete_and_recreate_under_the_same_name_keeps_usage_right(
         return [uid for item in status.get("reservations") or [] for uid in item.get("objectUids") or []]
 
     # The API server assigns the uid before validating admission: the create's reservation names it.
-    assert first.metadata.uid in reservation_uids()
+    wait_for(lambda: first.metadata.uid in reservation_uids(), timeout=5, message="the reservation")
     apps.delete_namespaced_deployment("same", namespace)
     second = apps.create_namespaced_deployment(namespace, deployment("same", quotas.name("uid"), gpus=3))
     assert second.metadata.uid != first.metadata.uid
-    assert second.metadata.uid in reservation_uids()
+    wait_for(lambda: second.metadata.uid in reservation_uids(), timeout=5, message="the reservation")
     # The old object's deletion must not settle the new one's reservation: usage never dips below 3.
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline:

@@ -12,7 +12,6 @@ from gpuforge.quota.admission import (
     Decision,
     Denied,
     WorkloadAsk,
-    admit_many,
     admit_quota_create,
     admit_quota_delete,
     admit_quota_update,
@@ -25,6 +24,17 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 GPU = "requests.nvidia.com/gpu"
 H100 = f"{GPU}.H100"
 D = Decimal
+
+
+def admit_many(quota: GpuQuota, asks: list[WorkloadAsk], now: datetime) -> tuple[GpuQuota, list[Decision]]:
+    """Decide asks one after the other, each against the status the previous one left (as the ledger)."""
+    decisions: list[Decision] = []
+    for item in asks:
+        decision = admit_workload(quota, item, now)
+        if isinstance(decision, Allowed) and decision.status is not None:
+            quota = replace(quota, status=decision.status)
+        decisions.append(decision)
+    return quota, decisions
 
 
 def q(value: int | str) -> Decimal:

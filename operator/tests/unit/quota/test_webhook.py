@@ -15,8 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuforge.k8s.quota import Credentials, QuotaApi
-from gpuforge.quota.admission import Allowed
-from gpuforge.quota.convert import quota_from_object
 from gpuforge.webhook.admission import AdmissionHandlers
 from gpuforge.webhook.certs import (
     generate_ca,
@@ -29,6 +27,8 @@ from gpuforge.webhook.certs import (
 from gpuforge.webhook.manifests import ClientTarget, render_webhook_configurations
 from gpuforge.webhook.review import MAX_BODY_BYTES, BadReview, parse_review
 from gpuforge.webhook.server import CertReloader, make_app
+
+from ..webhook.fakes import Shell
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -80,6 +80,14 @@ def test_well_formed_review() -> None:
 # An API client pointing nowhere: any request that needs the API fails fast, and must still be answered.
 UNREACHABLE = Credentials(server="http://127.0.0.1:9", ssl_context=False, headers={})
 
+
+def unreachable_leader() -> AdmissionHandlers:
+    """The handlers of a leader that admits, over an API server it cannot reach."""
+    shell = Shell(QuotaApi(UNREACHABLE, request_timeout=1))  # type: ignore[arg-type]
+    shell.admitting()
+    return shell.handlers
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda children: (
@@ -117,7 +125,7 @@ bodies = (
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies, path=st.sampled_from(["/validate-workloads", "/validate-scale", "/validate-gpuquotas"]))
 async def test_fuzzed_bodies_get_400_or_a_review_never_a_crash(body: bytes, path: str) -> None:
-    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    handlers = unreachable_leader()
     async with TestClient(TestServer(make_app(handlers))) as client:
         response = await client.post(path, data=body)
         assert response.status in (200, 400)
@@ -129,7 +137,7 @@ async def test_fuzzed_bodies_get_400_or_a_review_never_a_crash(body: bytes, path
 
 
 async def test_unlabelled_and_owned_objects_are_allowed_without_the_api() -> None:
-    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    handlers = unreachable_leader()
     owned = {
         "metadata": {
             "labels": {"gpuforge.io/quota": "t"},
@@ -146,7 +154,7 @@ async def test_unlabelled_and_owned_objects_are_allowed_without_the_api() -> Non
 
 
 async def test_api_failure_denies_with_a_message() -> None:
-    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    handlers = unreachable_leader()
     labelled = {
         "metadata": {"name": "w", "labels": {"gpuforge.io/quota": "t"}},
         "spec": {"template": {"spec": {"containers": []}}},
@@ -161,7 +169,7 @@ async def test_api_failure_denies_with_a_message() -> None:
 
 async def test_a_body_arriving_in_pieces_is_read_whole() -> None:
     """Under load a review reaches the server in several segments; all of them make up the body."""
-    handlers = AdmissionHandlers(QuotaApi(UNREACHABLE, request_timeout=1))
+    handlers = unreachable_leader()
     body = json.dumps(review(object={"metadata": {"name": "w", "annotations": {"pad": "x" * 5000}}})).encode()
 
     async def pieces() -> AsyncIterator[bytes]:
@@ -253,66 +261,3 @@ def test_service_target_and_bad_timeout() -> None:
     assert workloads["webhooks"][0]["clientConfig"]["service"]["path"] == "/validate-workloads"
     with pytest.raises(ValueError, match="timeoutSeconds"):
         render_webhook_configurations(target, timeout_seconds=60)
-
-
-class EchoQuotaApi:
-    """GpuQuotas kept as JSON, as the API server keeps them: every status write is serialised, stored
-    and answered with a new resourceVersion."""
-
-    def __init__(self, hard: dict[str, str]) -> None:
-        self.version = 1
-        self.stored: dict[str, Any] = {
-            "apiVersion": "gpuforge.io/v1alpha1",
-            "kind": "GpuQuota",
-            "metadata": {"name": "q", "resourceVersion": "1", "generation": 1, "uid": "u"},
-            "spec": {"parent": "", "hard": hard},
-        }
-        self.writes = 0
-
-    async def get_quota(self, name: str) -> dict[str, Any] | None:
-        return json.loads(json.dumps(self.stored)) if name == "q" else None
-
-    async def replace_quota_status(self, name: str, version: str, status: dict[str, Any]) -> dict[str, Any]:
-        assert version == self.stored["metadata"]["resourceVersion"]
-        self.version += 1
-        self.writes += 1
-        self.stored = json.loads(
-            json.dumps(
-                {
-                    **self.stored,
-                    "metadata": {**self.stored["metadata"], "resourceVersion": str(self.version)},
-                    "status": status,
-                }
-            )
-        )
-        return json.loads(json.dumps(self.stored))
-
-
-async def test_the_copy_kept_after_a_write_is_the_one_the_server_has() -> None:
-    """Decisions after a write start from the quota as written (not parsed again from JSON): that copy
-    must be exactly what parsing the server's answer gives, or decisions would drift from the server."""
-    api = EchoQuotaApi({"requests.nvidia.com/gpu": "4", "requests.cpu": "10"})
-    handlers = AdmissionHandlers(api)  # type: ignore[arg-type]
-    workload = {
-        "metadata": {"name": "w", "generation": 1, "labels": {"gpuforge.io/quota": "q"}},
-        "spec": {
-            "replicas": 1,
-            "template": {
-                "spec": {
-                    "containers": [
-                        {"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1500m"}}}
-                    ]
-                }
-            },
-        },
-    }
-    allowed = 0
-    for index in range(6):
-        obj = {**workload, "metadata": {**workload["metadata"], "name": f"w{index}"}}
-        request = parse_review(json.dumps(review(uid=f"u{index}", name=f"w{index}", object=obj)).encode())
-        decision = await handlers.workloads(request)
-        allowed += isinstance(decision, Allowed)
-        version, kept = handlers.writer._parsed["q"]
-        assert version == api.stored["metadata"]["resourceVersion"]
-        assert kept == quota_from_object(api.stored)
-    assert allowed == 4 and api.writes == 4

@@ -1,85 +1,15 @@
-"""The usage controller's passes against an in-memory API: which quotas a pass recomputes and when a
-write that only settles reservations is put off."""
+"""The usage controller's passes against an in-memory API: what a pass puts in the leader's ledger (and
+so what the write-behind writes), which quotas it recomputes, and when a change that only settles
+reservations is put off."""
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpuforge.webhook.controller import UsageController
+from gpuforge.quota.convert import quota_from_object
 
-GPU = "requests.nvidia.com/gpu"
+from .fakes import GPU, MemoryApi, Shell, deployment, quota
+
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def quota(name: str, used: int, reservations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    status: dict[str, Any] = {
-        "hard": {GPU: "16"},
-        "used": {GPU: str(used)},
-        "selfUsed": {GPU: str(used)},
-        "conditions": [  # as an earlier pass left them
-            {"type": "Reconciled", "status": "True", "reason": "Recomputed", "message": ""},
-            {"type": "OverQuota", "status": "False", "reason": "WithinHard", "message": ""},
-            {"type": "BudgetExhausted", "status": "False", "reason": "BudgetLeft", "message": ""},
-        ],
-    }
-    if reservations:
-        status["reservations"] = reservations
-    return {
-        "apiVersion": "gpuforge.io/v1alpha1",
-        "kind": "GpuQuota",
-        "metadata": {"name": name, "resourceVersion": "1", "generation": 1, "uid": name},
-        "spec": {"parent": "", "hard": {GPU: "16"}},
-        "status": status,
-    }
-
-
-def deployment(name: str, quota_name: str, replicas: int) -> dict[str, Any]:
-    return {
-        "kind": "Deployment",
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "generation": 1,
-            "resourceVersion": "7",
-            "labels": {"gpuforge.io/quota": quota_name},
-        },
-        "spec": {
-            "replicas": replicas,
-            "template": {
-                "spec": {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
-            },
-        },
-    }
-
-
-class MemoryApi:
-    def __init__(self, quotas: list[dict[str, Any]], deployments: list[dict[str, Any]]) -> None:
-        self.quotas = {q["metadata"]["name"]: q for q in quotas}
-        self.deployments = deployments
-        self.writes: list[str] = []
-
-    async def list_quotas(self) -> list[dict[str, Any]]:
-        return [json.loads(json.dumps(q)) for q in self.quotas.values()]
-
-    async def list_objects(
-        self, kind: str, namespace: str | None = None, label_selector: str | None = None
-    ) -> Any:
-        return [json.loads(json.dumps(d)) for d in self.deployments] if kind == "Deployment" else []
-
-    async def get_quota(self, name: str) -> dict[str, Any] | None:
-        return json.loads(json.dumps(self.quotas[name]))
-
-    async def replace_quota_status(self, name: str, version: str, status: dict[str, Any]) -> dict[str, Any]:
-        stored = self.quotas[name]
-        assert stored["metadata"]["resourceVersion"] == version
-        self.writes.append(name)
-        stored = {
-            **stored,
-            "metadata": {**stored["metadata"], "resourceVersion": str(int(version) + 1)},
-            "status": json.loads(json.dumps(status)),
-        }
-        self.quotas[name] = stored
-        return json.loads(json.dumps(stored))
 
 
 def reservation(workload: str, age_seconds: float) -> dict[str, Any]:
@@ -94,29 +24,42 @@ def reservation(workload: str, age_seconds: float) -> dict[str, Any]:
     }
 
 
+def leading(api: MemoryApi, at: datetime = NOW, **options: Any) -> Shell:
+    shell = Shell(api, lambda: at, **options)
+    shell.admitting()
+    for raw in api.quotas.values():
+        shell.leadership.ledger.load(quota_from_object(raw))
+    return shell
+
+
 async def test_a_pass_after_events_recomputes_only_the_quotas_they_touched() -> None:
-    api = MemoryApi([quota("a", 5), quota("b", 5)], [])  # both stale: nothing runs
-    controller = UsageController(api, lambda: NOW)  # type: ignore[arg-type]
-    await controller.reconcile_all(only={"a"})
-    assert api.writes == ["a"]
-    await controller.reconcile_all()  # a full pass (resync) catches the rest
-    assert api.writes == ["a", "b"]
+    api = MemoryApi([quota("a", used=5), quota("b", used=5)])  # both stale: nothing runs
+    shell = leading(api)
+    await shell.controller.reconcile_all(only={"a"})
+    assert shell.leadership.ledger.due() == ["a"]
+    assert api.writes == []  # written behind, by the writer (not running here)
+    await shell.controller.reconcile_all()  # a full pass (resync) catches the rest
+    assert sorted(shell.leadership.ledger.due()) == ["a", "b"]
 
 
 async def test_settling_alone_waits_for_a_batch_or_for_time() -> None:
     young = [reservation("Deployment/ns/w", 1)]
-    api = MemoryApi([quota("a", 1, young)], [deployment("w", "a", 1)])
-    controller = UsageController(api, lambda: NOW, settle_seconds=15, settle_batch=16)  # type: ignore[arg-type]
-    await controller.reconcile_all()
-    assert api.writes == []  # used is right already; dropping one settled reservation can wait
-    later = UsageController(api, lambda: NOW + timedelta(seconds=35))  # type: ignore[arg-type]
-    await later.reconcile_all(only=set())  # due by age even though no event named the quota
-    assert api.writes == ["a"]
-    assert "reservations" not in api.quotas["a"]["status"]
+    api = MemoryApi([quota("a", used=1, reservations=young)], [deployment("w", "a", 1)])
+    shell = leading(api, settle_seconds=15, settle_batch=16)
+    await shell.controller.reconcile_all()
+    ledger = shell.leadership.ledger
+    assert ledger.due() == [] and ledger.counted("a")  # used is right already; dropping it can wait
+    later = leading(api, NOW + timedelta(seconds=35))
+    await later.controller.reconcile_all(only=set())  # due by age even though no event named the quota
+    held = later.leadership.ledger.quota("a")
+    assert later.leadership.ledger.due() == ["a"] and held is not None and held.status.reservations == ()
 
 
-async def test_usage_changes_are_written_at_once() -> None:
-    api = MemoryApi([quota("a", 1, [reservation("Deployment/ns/w", 1)])], [deployment("w", "a", 3)])
-    controller = UsageController(api, lambda: NOW)  # type: ignore[arg-type]
-    await controller.reconcile_all(only={"a"})
-    assert api.writes == ["a"] and api.quotas["a"]["status"]["used"] == {GPU: "3"}
+async def test_usage_changes_go_into_the_ledger_at_once() -> None:
+    api = MemoryApi(
+        [quota("a", used=1, reservations=[reservation("Deployment/ns/w", 1)])], [deployment("w", "a", 3)]
+    )
+    shell = leading(api)
+    await shell.controller.reconcile_all(only={"a"})
+    held = shell.leadership.ledger.quota("a")
+    assert held is not None and held.status.used == {GPU: 3}

@@ -1,0 +1,139 @@
+"""The write-behind against an in-memory API server: admissions are answered before anything is
+written, then written together; a spec edit costs a read and a second write, never the reservations; a
+leader that cannot write stops admitting."""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from gpuforge.quota.admission import Allowed, Denied, WorkloadAsk
+from gpuforge.quota.convert import quota_from_object
+from gpuforge.quota.ledger import Ledger
+from gpuforge.webhook.metrics import REGISTRY
+from gpuforge.webhook.review import parse_review
+from gpuforge.webhook.writeback import WriteBehind
+
+from .fakes import GPU, MemoryApi, Shell, quota
+from .test_leader import create
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def shell() -> AsyncIterator[Shell]:
+    api = MemoryApi([quota("q", hard=4)])
+    shell = Shell(api)
+    shell.admitting()
+    for raw in api.quotas.values():
+        shell.leadership.ledger.load(quota_from_object(raw))
+        shell.leadership.ledger.recomputed(raw["metadata"]["name"], None)  # counted: nothing runs
+    writer = asyncio.create_task(shell.writer.run())
+    yield shell
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+
+
+async def admit(shell: Shell, name: str) -> Any:
+    return await shell.handlers.workloads(parse_review(json.dumps(create(name)).encode()))
+
+
+def batches() -> float:
+    return REGISTRY.get_sample_value("gpuforge_quota_admission_batch_size_count") or 0.0
+
+
+async def test_admissions_are_answered_first_and_written_together(shell: Shell) -> None:
+    api = shell.api
+    before = batches()
+    answers = [await admit(shell, f"w{i}") for i in range(5)]  # no await reaches the writer in between
+    assert [isinstance(a, Allowed) for a in answers] == [True] * 4 + [False]
+    assert api.writes == []  # answered before anything was written
+    assert await shell.writer.flush()
+    assert api.writes == ["q"] and batches() == before + 1  # four admissions, one write
+    stored = quota_from_object(api.quotas["q"])
+    held = shell.leadership.ledger.quota("q")
+    assert held is not None and stored == held  # what a new leader reads back is what this one held
+    assert stored.status.used == {GPU: 4} and len(stored.status.reservations) == 4
+
+
+async def test_a_spec_edit_is_read_and_the_reservations_written_on_it(shell: Shell) -> None:
+    api = shell.api
+    await admit(shell, "a")
+    api.edit_spec("q", hard=8)  # before the write: it will meet a 409
+    assert await shell.writer.flush()
+    stored = api.quotas["q"]
+    assert stored["spec"]["hard"] == {GPU: "8"} and stored["status"]["used"] == {GPU: "1"}
+    assert len(stored["status"]["reservations"]) == 1
+    held = shell.leadership.ledger.quota("q")
+    assert held is not None and held.hard == {GPU: 8}
+    answers = [await admit(shell, f"b{i}") for i in range(8)]
+    assert [isinstance(a, Allowed) for a in answers] == [True] * 7 + [False]  # the new hard: 8
+
+
+async def test_a_deleted_quota_is_dropped(shell: Shell) -> None:
+    await admit(shell, "a")
+    del shell.api.quotas["q"]
+    assert await shell.writer.flush()
+    assert "q" not in shell.leadership.ledger
+
+
+async def test_a_leader_that_cannot_write_stops_admitting_then_goes_on(shell: Shell) -> None:
+    api = shell.api
+    shell.handlers.stall_seconds = 0.2
+    api.unreachable = True
+    assert isinstance(await admit(shell, "a"), Allowed)  # from memory, at once
+    await asyncio.sleep(0.3)
+    stalled = await admit(shell, "b")
+    assert isinstance(stalled, Denied) and stalled.code == 503
+    assert 'admissions to GpuQuota "q" of the last' in stalled.message and "try again" in stalled.message
+    assert "connection refused" in stalled.message
+    api.unreachable = False
+    assert await shell.writer.flush()
+    assert isinstance(await admit(shell, "b"), Allowed)
+
+
+async def test_nothing_is_written_once_leadership_ends(shell: Shell) -> None:
+    await admit(shell, "a")
+    shell.leadership.lost()
+    assert await shell.writer.flush(timeout=0.2)  # nothing held, nothing to write
+    assert shell.api.writes == []
+
+
+def test_an_admission_waiting_its_turn_behind_writes_that_land_is_not_a_stall() -> None:
+    ledger = Ledger()
+    ledger.load(quota_from_object(quota("q")))
+    writer = WriteBehind(MemoryApi(), ledger, lambda: True)  # type: ignore[arg-type]
+    ask = WorkloadAsk("r", "Deployment/ns/w", {GPU: Decimal(1)}, {GPU: Decimal(1)}, generation=1)
+    now = time.monotonic()
+    ledger.admit("q", ask, NOW, at=now - 1.0)
+    writer._landed = now  # other quotas' writes land: the API server is there, only busy
+    assert writer.stalled("q", 0.5) is None
+    writer._errors["q"] = "422: invalid"  # its own writes fail
+    assert (writer.stalled("q", 0.5) or 0) >= 1.0
+    writer._errors.clear()
+    writer._landed = now - 1.0  # nothing lands anywhere: cut off, or requests hang
+    assert (writer.stalled("q", 0.5) or 0) >= 1.0
+    writer._landed = now
+    assert writer.stalled("q", 0.1) is not None  # waiting five times the limit is too long anyway
+
+
+async def test_a_busy_quota_is_written_once_per_interval_with_every_admission_since(shell: Shell) -> None:
+    api = shell.api
+    shell.writer.min_interval = 0.3
+    await admit(shell, "a")
+    await asyncio.sleep(0.1)
+    assert api.writes == ["q"]  # the first at once
+    await admit(shell, "b")
+    await admit(shell, "c")
+    await asyncio.sleep(0.1)
+    assert api.writes == ["q"]  # the next waits out the interval
+    await asyncio.sleep(0.3)
+    assert api.writes == ["q", "q"] and len(api.quotas["q"]["status"]["reservations"]) == 3
+    await admit(shell, "d")
+    assert await shell.writer.flush(timeout=0.1)  # a flush does not wait for the interval
+    assert len(api.writes) == 3
