@@ -14,6 +14,10 @@ Used by the molecule scenarios, the benchmark and the demo:
     lab.py down --name demo
 
 `up` prints a JSON document with the inventory path, the hosts and the repository URLs.
+
+Labs of one name are one lab: `up` replaces what runs under that name. Two checkouts running the same
+scenarios at once keep apart with GPUFORGE_LAB_PREFIX (put before every container name and lab label, e.g.
+"a-") and GPUFORGE_LAB_STATE (the state directory, which the molecule scenarios read too).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ SUITES = {"debian12": "bookworm", "debian13": "trixie"}
 DEFAULT_OS = "debian12"
 LAB_LABEL = "io.gpuforge.lab"
 STATE_ROOT = Path(os.environ.get("GPUFORGE_LAB_STATE", "/tmp/gpuforge-ansible-lab"))
+# Namespace of the podman objects (containers, labels), so labs of another checkout are never touched.
+LAB_PREFIX = os.environ.get("GPUFORGE_LAB_PREFIX", "")
 # runc instead of crun and explicit ulimits: this sandbox lacks CAP_SYS_RESOURCE and runs cgroup v1+v2 hybrid.
 PODMAN_RUN_COMPAT = ("--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
@@ -304,7 +310,7 @@ def _start_repo_server(state: Path) -> int:
 
 
 def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
-    container = f"gpuforge-lab-{lab}-{spec.name}"
+    container = f"{LAB_PREFIX}gpuforge-lab-{lab}-{spec.name}"
     hardware = state / "hw" / spec.name
     write_hardware(spec, hardware)
     port = _free_port()
@@ -324,7 +330,7 @@ def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
             "--hostname",
             spec.name,
             "--label",
-            f"{LAB_LABEL}={lab}",
+            f"{LAB_LABEL}={LAB_PREFIX}{lab}",
             "--network",
             "host",
             "--privileged",
@@ -428,7 +434,7 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
 def down(lab: str) -> None:
     """Remove the lab's containers and stop its repository server; idempotent."""
     names = subprocess.run(
-        ["podman", "ps", "--all", "--quiet", "--filter", f"label={LAB_LABEL}={lab}"],
+        ["podman", "ps", "--all", "--quiet", "--filter", f"label={LAB_LABEL}={LAB_PREFIX}{lab}"],
         check=False,
         capture_output=True,
         text=True,
