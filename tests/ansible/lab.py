@@ -359,6 +359,24 @@ def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
     return LabHost(spec.name, container, "127.0.0.1", port, "root", str(state / "ssh/id_ed25519"))
 
 
+def _inotify_hint() -> str:
+    """Why hosts may not boot: every systemd host takes inotify instances from one per-user kernel limit."""
+    limit_file = Path("/proc/sys/fs/inotify/max_user_instances")
+    if not limit_file.is_file():
+        return ""
+    in_use = 0
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            in_use += sum(1 for fd in fd_dir.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+    limit = int(limit_file.read_text())
+    if in_use < limit * 0.9:
+        return ""
+    return (
+        f"; {in_use} inotify instances in use, fs.inotify.max_user_instances is {limit}: systemd in a new "
+        "host cannot start its units. Stop labs you no longer need (podman ps) or raise the limit."
+    )
+
+
 def lab_state(lab: str) -> Path:
     return STATE_ROOT / lab
 
@@ -375,9 +393,12 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
     distro_sources = state / "distro.sources"
     distro_sources.write_text(imitation_repo.distro_sources(state / "repo", f"http://127.0.0.1:{repo_port}"))
     hosts = [_start_host(lab, state, spec, images[spec.os]) for spec in specs]
+    # Generous: on a loaded 2-core machine several systemd hosts booting at once take a while.
     for host in hosts:
-        if not _wait_for_port(host.port, timeout=60):
-            raise SystemExit(f"lab: sshd of {host.name} did not come up (podman logs {host.container})")
+        if not _wait_for_port(host.port, timeout=120):
+            raise SystemExit(
+                f"lab: sshd of {host.name} did not come up (podman logs {host.container}){_inotify_hint()}"
+            )
     repo_url = f"http://127.0.0.1:{repo_port}"
     lab_vars = {
         "nvidia_driver_repo_base_url": f"{repo_url}/compute/cuda/repos",
