@@ -14,7 +14,7 @@ DOCUMENTATION = r"""
 ---
 module: nvidia_ctk_config
 short_description: Wire container runtimes and CDI to the NVIDIA Container Toolkit with one module run
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Renders each runtime's NVIDIA configuration with C(nvidia-ctk runtime configure) into a scratch directory
     and installs it (mode 0644, owner root) only where it differs from the file in place, so C(changed) means
