@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # Copyright: gpuforge maintainers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""Ansible module gathering a node's NVIDIA GPU facts; the parsing lives in module_utils/gpu_features."""
+"""Ansible module gathering a node's NVIDIA GPU facts (module_utils: gpu_probe reads, gpu_features parses)."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -88,51 +88,8 @@ features:
   type: dict
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuforge.nodes.plugins.module_utils import gpu_features
-
-PCI_DEVICES = "/sys/bus/pci/devices"
-EFIVARS = "/sys/firmware/efi/efivars"
-MODULE_VERSION_FILES = ("/sys/module/nvidia/version", "/proc/driver/nvidia/version")
-
-
-def _read(path, mode="r"):
-    try:
-        with open(path, mode) as handle:
-            return handle.read()
-    except (IOError, OSError):
-        return None
-
-
-def read_pci_devices():
-    devices = []
-    try:
-        addresses = sorted(os.listdir(PCI_DEVICES))
-    except OSError:
-        return devices
-    for address in addresses:
-        entry = {"address": address}
-        for attribute in ("vendor", "device", "class"):
-            entry[attribute] = (_read(os.path.join(PCI_DEVICES, address, attribute)) or "").strip()
-        devices.append(entry)
-    return devices
-
-
-def loaded_module_version():
-    text = _read(MODULE_VERSION_FILES[0])
-    if text:
-        return text.strip()
-    text = _read(MODULE_VERSION_FILES[1]) or ""
-    for word in text.split():
-        if word.count(".") >= 1 and word.replace(".", "").isdigit():
-            return word
-    return None
-
-
-def nouveau_loaded():
-    return any(line.split(" ", 1)[0] == "nouveau" for line in (_read("/proc/modules") or "").splitlines())
+from ansible_collections.gpuforge.nodes.plugins.module_utils import gpu_probe
 
 
 def main():
@@ -143,38 +100,8 @@ def main():
         },
         supports_check_mode=True,
     )
-    pci = gpu_features.pci_summary(read_pci_devices())
-    smi_path = module.get_bin_path(module.params["nvidia_smi"])
-    smi = {"path": smi_path, "rc": None, "error": None}
-    gpus = []
-    cuda_version = None
-    if smi_path:
-        query = "--query-gpu=" + ",".join(gpu_features.QUERY_FIELDS)
-        rc, out, err = module.run_command([smi_path, query, "--format=csv,noheader,nounits"])
-        smi["rc"] = rc
-        if rc == 0:
-            try:
-                gpus = gpu_features.parse_query_csv(out)
-            except ValueError as exc:
-                module.fail_json(msg="cannot parse nvidia-smi output: %s" % exc)
-            _rc, banner, _err = module.run_command([smi_path])
-            cuda_version = gpu_features.parse_cuda_version(banner)
-        else:
-            smi["error"] = (err or out).strip()[-500:]
-    summary = gpu_features.summarize(gpus, pci, cuda_version)
-    module.exit_json(
-        changed=False,
-        gpu=summary,
-        gpus=gpus,
-        pci=pci,
-        nvidia_smi=smi,
-        secure_boot=gpu_features.secure_boot_state(
-            _read(os.path.join(EFIVARS, gpu_features.SECURE_BOOT_EFIVAR), "rb")
-        ),
-        loaded_module_version=loaded_module_version(),
-        nouveau_loaded=nouveau_loaded(),
-        features=gpu_features.features(summary, module.params["feature_namespace"]),
-    )
+    facts = gpu_probe.probe(module, module.params["nvidia_smi"], module.params["feature_namespace"])
+    module.exit_json(changed=False, **facts)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ options:
     elements: str
     default: []
   owners:
-    description: Paths whose owning package to report.
+    description: Paths, or names of commands looked up on C(PATH), whose owning package to report.
     type: list
-    elements: path
+    elements: str
     default: []
   services:
     description: systemd units (C(.service) may be left out) whose load, enablement and activity to report.
@@ -44,6 +44,10 @@ options:
     type: list
     elements: path
     default: []
+  gpu_facts:
+    description: Also gather what M(gpuforge.nodes.gpu_facts) returns (same module run, same result).
+    type: bool
+    default: false
 author:
   - gpuforge maintainers
 """
@@ -53,6 +57,7 @@ EXAMPLES = r"""
   gpuforge.nodes.node_state:
     packages: [nvidia-driver, nvidia-smi]
     candidates: [nvidia-smi]
+    owners: [nvidia-smi]
     services: [nvidia-persistenced]
     files: [/etc/containerd/config.toml]
   register: state
@@ -68,7 +73,7 @@ candidates:
   returned: always
   type: dict
 owners:
-  description: Per path, the owning package or null.
+  description: Per path or command name as given, the owning package or null (also when no such command).
   returned: always
   type: dict
 services:
@@ -80,13 +85,17 @@ files:
     C(gid) and C(content) (text of a regular file up to 64 KiB, else null).
   returned: always
   type: dict
+gpu_facts:
+  description: The result of M(gpuforge.nodes.gpu_facts) with default options; empty unless asked for.
+  returned: always
+  type: dict
 """
 
 import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuforge.nodes.plugins.module_utils import node_state
+from ansible_collections.gpuforge.nodes.plugins.module_utils import gpu_probe, node_state
 
 CONTENT_LIMIT = 65536
 
@@ -121,15 +130,20 @@ def read_candidates(module, names):
     return node_state.parse_apt_policy(_run(module, [apt_cache, "policy"] + names), names)
 
 
-def read_owners(module, paths):
+def read_owners(module, names):
+    # A name without a slash is a command: its owner is the owner of the file PATH finds for it.
+    resolved = dict((name, name if "/" in name else module.get_bin_path(name)) for name in names)
+    paths = sorted(set(path for path in resolved.values() if path))
     if not paths:
-        return {}
+        return dict((name, None) for name in names)
     dpkg = module.get_bin_path("dpkg-query")
     if dpkg:
-        return node_state.parse_dpkg_search(_run(module, [dpkg, "--search"] + paths), paths)
-    rpm = module.get_bin_path("rpm", required=True)
-    out = _run(module, [rpm, "--query", "--file", "--queryformat=%{NAME}\\n"] + paths)
-    return node_state.parse_rpm_owners(out, paths)
+        owners = node_state.parse_dpkg_search(_run(module, [dpkg, "--search"] + paths), paths)
+    else:
+        rpm = module.get_bin_path("rpm", required=True)
+        out = _run(module, [rpm, "--query", "--file", "--queryformat=%{NAME}\\n"] + paths)
+        owners = node_state.parse_rpm_owners(out, paths)
+    return dict((name, owners.get(path) if path else None) for name, path in resolved.items())
 
 
 def read_services(module, names):
@@ -176,9 +190,10 @@ def main():
         argument_spec={
             "packages": {"type": "list", "elements": "str", "default": []},
             "candidates": {"type": "list", "elements": "str", "default": []},
-            "owners": {"type": "list", "elements": "path", "default": []},
+            "owners": {"type": "list", "elements": "str", "default": []},
             "services": {"type": "list", "elements": "str", "default": []},
             "files": {"type": "list", "elements": "path", "default": []},
+            "gpu_facts": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -190,6 +205,7 @@ def main():
         owners=read_owners(module, params["owners"]),
         services=read_services(module, params["services"]),
         files=dict((path, read_file(path)) for path in params["files"]),
+        gpu_facts=gpu_probe.probe(module) if params["gpu_facts"] else {},
     )
 
 

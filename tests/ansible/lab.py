@@ -14,6 +14,10 @@ Used by the molecule scenarios, the benchmark and the demo:
     lab.py down --name demo
 
 `up` prints a JSON document with the inventory path, the hosts and the repository URLs.
+
+Labs of one name are one lab: `up` replaces what runs under that name. Two checkouts running the same
+scenarios at once keep apart with GPUFORGE_LAB_PREFIX (put before every container name and lab label, e.g.
+"a-") and GPUFORGE_LAB_STATE (the state directory, which the molecule scenarios read too).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ SUITES = {"debian12": "bookworm", "debian13": "trixie"}
 DEFAULT_OS = "debian12"
 LAB_LABEL = "io.gpuforge.lab"
 STATE_ROOT = Path(os.environ.get("GPUFORGE_LAB_STATE", "/tmp/gpuforge-ansible-lab"))
+# Namespace of the podman objects (containers, labels), so labs of another checkout are never touched.
+LAB_PREFIX = os.environ.get("GPUFORGE_LAB_PREFIX", "")
 # runc instead of crun and explicit ulimits: this sandbox lacks CAP_SYS_RESOURCE and runs cgroup v1+v2 hybrid.
 PODMAN_RUN_COMPAT = ("--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
@@ -304,7 +310,7 @@ def _start_repo_server(state: Path) -> int:
 
 
 def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
-    container = f"gpuforge-lab-{lab}-{spec.name}"
+    container = f"{LAB_PREFIX}gpuforge-lab-{lab}-{spec.name}"
     hardware = state / "hw" / spec.name
     write_hardware(spec, hardware)
     port = _free_port()
@@ -324,7 +330,7 @@ def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
             "--hostname",
             spec.name,
             "--label",
-            f"{LAB_LABEL}={lab}",
+            f"{LAB_LABEL}={LAB_PREFIX}{lab}",
             "--network",
             "host",
             "--privileged",
@@ -353,6 +359,24 @@ def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
     return LabHost(spec.name, container, "127.0.0.1", port, "root", str(state / "ssh/id_ed25519"))
 
 
+def _inotify_hint() -> str:
+    """Why hosts may not boot: every systemd host takes inotify instances from one per-user kernel limit."""
+    limit_file = Path("/proc/sys/fs/inotify/max_user_instances")
+    if not limit_file.is_file():
+        return ""
+    in_use = 0
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            in_use += sum(1 for fd in fd_dir.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+    limit = int(limit_file.read_text())
+    if in_use < limit * 0.9:
+        return ""
+    return (
+        f"; {in_use} inotify instances in use, fs.inotify.max_user_instances is {limit}: systemd in a new "
+        "host cannot start its units. Stop labs you no longer need (podman ps) or raise the limit."
+    )
+
+
 def lab_state(lab: str) -> Path:
     return STATE_ROOT / lab
 
@@ -369,9 +393,12 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
     distro_sources = state / "distro.sources"
     distro_sources.write_text(imitation_repo.distro_sources(state / "repo", f"http://127.0.0.1:{repo_port}"))
     hosts = [_start_host(lab, state, spec, images[spec.os]) for spec in specs]
+    # Generous: on a loaded 2-core machine several systemd hosts booting at once take a while.
     for host in hosts:
-        if not _wait_for_port(host.port, timeout=60):
-            raise SystemExit(f"lab: sshd of {host.name} did not come up (podman logs {host.container})")
+        if not _wait_for_port(host.port, timeout=120):
+            raise SystemExit(
+                f"lab: sshd of {host.name} did not come up (podman logs {host.container}){_inotify_hint()}"
+            )
     repo_url = f"http://127.0.0.1:{repo_port}"
     lab_vars = {
         "nvidia_driver_repo_base_url": f"{repo_url}/compute/cuda/repos",
@@ -428,7 +455,7 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
 def down(lab: str) -> None:
     """Remove the lab's containers and stop its repository server; idempotent."""
     names = subprocess.run(
-        ["podman", "ps", "--all", "--quiet", "--filter", f"label={LAB_LABEL}={lab}"],
+        ["podman", "ps", "--all", "--quiet", "--filter", f"label={LAB_LABEL}={LAB_PREFIX}{lab}"],
         check=False,
         capture_output=True,
         text=True,

@@ -2,9 +2,11 @@
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """Callback for the benchmark: counts the tasks that ran something on each host, and times every task.
 
-Load-independent measure of the work a playbook does per node: "remote runs" are task results (loop items
-counted one by one) of actions that execute on the host; controller-only actions (set_fact, assert, debug,
-include_*, meta) are counted apart. Written as JSON to $GPUFORGE_WORK_REPORT at the end of the play.
+Load-independent measures of the work a playbook does per node: "remote runs" are task results (loop items
+counted one by one) of actions that execute on the host (each one a Python module run there, or a command);
+controller-only actions (set_fact, assert, debug, include_*, meta) are counted apart; "tasks" counts every
+task the controller evaluated for the host, skipped ones included (each costs a forked worker and
+templating). Written as JSON to $GPUFORGE_WORK_REPORT at the end of the play.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -62,6 +64,7 @@ class CallbackModule(CallbackBase):
     def __init__(self):
         super(CallbackModule, self).__init__()
         self._remote = collections.Counter()
+        self._tasks = collections.Counter()
         self._controller = collections.Counter()
         self._by_action = collections.Counter()
         self._task_seconds = collections.OrderedDict()
@@ -85,6 +88,7 @@ class CallbackModule(CallbackBase):
     def _count(self, result):
         action = _short(result._task.action)
         host = result._host.get_name()
+        self._tasks[host] += 1
         items = result._result.get("results")
         runs = len(items) if isinstance(items, list) and items else 1
         if action in CONTROLLER_ONLY:
@@ -99,6 +103,12 @@ class CallbackModule(CallbackBase):
     def v2_runner_on_failed(self, result, ignore_errors=False):
         self._count(result)
 
+    def v2_runner_on_skipped(self, result):
+        self._tasks[result._host.get_name()] += 1
+
+    def v2_runner_on_unreachable(self, result):
+        self._tasks[result._host.get_name()] += 1
+
     def v2_playbook_on_stats(self, stats):
         self._close_task()
         path = os.environ.get("GPUFORGE_WORK_REPORT")
@@ -107,6 +117,7 @@ class CallbackModule(CallbackBase):
         report = {
             "remote_runs": dict(self._remote),
             "controller_runs": dict(self._controller),
+            "tasks": dict(self._tasks),
             "remote_runs_by_action": dict(self._by_action.most_common()),
             "task_seconds": {name: round(seconds, 2) for name, seconds in self._task_seconds.items()},
         }
