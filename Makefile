@@ -49,7 +49,7 @@ test: venv controlplane lint $(EXTRA_LINT) ## Set everything up and run every te
 	$(if $(strip $(EXTRA_TESTS)),@$(MAKE) --no-print-directory $(EXTRA_TESTS))
 	@$(MAKE) --no-print-directory demo-check
 
-bench: controlplane demo-host ## Run the benchmarks, write bench/results/*.json and print a table
+bench: controlplane demo-host ansible-collection ## Run the benchmarks, write bench/results/*.json and print a table
 	$(BIN)/python bench/run.py
 
 # The Debian host of step 1 needs podman; where it cannot be had, the demo says so and skips that step.
