@@ -4,7 +4,8 @@ Measured at concurrency 1, 8 and 32:
 - admission latency at the webhook (p50, p99): AdmissionReviews posted straight to it (not through the
   API server), spread over many quotas; half of them reach the follower, which forwards to the leader;
 - end-to-end Deployment create latency through the API server, without and with the webhook, in pairs
-  under the same conditions (the previous phase's namespace is gone before the next starts): on many
+  under the same conditions (the previous phase's namespace is gone before the next starts; each arm
+  begins with a few dry-run creates, so no arm measures connections opening): on many
   quotas (round robin), and on one contended quota (twice as many creates as it holds);
 - over-admission on the contended quota (Deployments created beyond its hard, and `used` beyond it),
   which must be zero.
@@ -391,7 +392,23 @@ def latency_results(
 
 
 def creates_at(concurrency: int) -> int:
-    return max(100, 40 * concurrency // 4 + 40)
+    """Enough creates that a p99 is not just the largest one or two (200/400/800 at c=1/8/32)."""
+    return {1: 200, 8: 400}.get(concurrency, 25 * concurrency)
+
+
+async def warm_up(cluster: Cluster, namespace: str, quota_of: Any, concurrency: int) -> None:
+    """Dry-run creates (they reach the webhook, store nothing) so that neither arm of a pair measures
+    connections being opened or a freshly started process's first requests."""
+
+    async def one(index: int) -> None:
+        await cluster.call(
+            "POST",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments?dryRun=All",
+            deployment(f"warm{index}", quota_of(index)),
+        )
+
+    for start in range(0, 4 * concurrency, concurrency):
+        await asyncio.gather(*(one(start + i) for i in range(concurrency)))
 
 
 def histogram_quantile(
@@ -421,11 +438,13 @@ async def e2e_pair(
     """Creates without the webhook, then (started for this) with it, each in a fresh namespace and only
     once the previous one is gone. Returns (without, with, admitted with, figures of the webhook)."""
     ns = await namespace(cluster)
+    await warm_up(cluster, ns, quota_of, concurrency)
     plain, _ = await timed_creates(cluster, ns, quota_of, count, concurrency)
     await drop_namespace(cluster, ns)
     webhook.start()
     try:
         ns = await namespace(cluster)
+        await warm_up(cluster, ns, quota_of, concurrency)
         seconds_before, calls_before = await webhook_seconds(cluster)
         metrics_before = await replica_metrics(webhook)
         cpu_before = webhook.cpu_seconds()
