@@ -299,10 +299,61 @@ class Informer:
         return version
 
 
-class HttpError(Exception):
+class ApiError(Exception):
+    """An answer of the API server with an HTTP error status."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+
+
+def selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    """The query parameters of a label and a field selector, where given."""
+    params = {}
+    if label_selector:
+        params["labelSelector"] = label_selector
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    return params
+
+
+def error_message(text: str) -> str:
+    """The message of a Status the API server answered with, else the start of the body."""
+    try:
+        return str(json.loads(text).get("message", text))
+    except (ValueError, AttributeError):
+        return text[:500]
+
+
+async def watch_events(
+    session: aiohttp.ClientSession,
+    path: str,
+    resource_version: str,
+    label_selector: str | None = None,
+    timeout_seconds: int = 300,
+    field_selector: str | None = None,
+) -> AsyncIterator[Obj]:
+    """Watch events ({type, object}) of the collection at `path` from `resource_version`, with bookmarks,
+    until the server ends the stream."""
+    params = {
+        **selectors(label_selector, field_selector),
+        "watch": "1",
+        "resourceVersion": resource_version,
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": str(timeout_seconds),
+    }
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
+    async with session.get(path.lstrip("/"), params=params, timeout=timeout) as response:
+        if response.status >= 400:
+            raise ApiError(response.status, error_message(await response.text()))
+        # An event can be longer than aiohttp's line limit (64 KiB; a Node is tens of kB, a workload with a
+        # large pod template or a quota with many reservations more): split the stream ourselves.
+        buffer = b""
+        async for chunk in response.content.iter_any():
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
 
 
 class HttpSource:
@@ -345,15 +396,6 @@ class HttpSource:
         if self.on_request is not None:
             self.on_request(verb, self.paths[kind].rstrip("/").rsplit("/", 1)[-1])
 
-    @staticmethod
-    def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
-        params = {}
-        if label_selector:
-            params["labelSelector"] = label_selector
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        return params
-
     async def list_with_version(
         self,
         kind: str,
@@ -363,14 +405,14 @@ class HttpSource:
     ) -> tuple[list[Obj], str]:
         if namespace:
             raise ValueError("HttpSource lists whole collections")
-        params = {**self._selectors(label_selector, field_selector), "limit": str(self.page_size)}
+        params = {**selectors(label_selector, field_selector), "limit": str(self.page_size)}
         items: list[Obj] = []
         while True:
             self._count("list", kind)
             async with self._http().get(self.paths[kind].lstrip("/"), params=params) as response:
                 text = await response.text()
                 if response.status >= 400:
-                    raise HttpError(response.status, _message(text))
+                    raise ApiError(response.status, error_message(text))
             page = json.loads(text)
             items.extend(page.get("items") or [])
             metadata = page.get("metadata") or {}
@@ -386,29 +428,8 @@ class HttpSource:
         timeout_seconds: int = 300,
         field_selector: str | None = None,
     ) -> AsyncIterator[Obj]:
-        params = {
-            **self._selectors(label_selector, field_selector),
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-        }
         self._count("watch", kind)
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
-        async with self._http().get(self.paths[kind].lstrip("/"), params=params, timeout=timeout) as response:
-            if response.status >= 400:
-                raise HttpError(response.status, _message(await response.text()))
-            # Lines can be longer than aiohttp's default line limit (a Node is tens of kB): read by chunk.
-            buffer = b""
-            async for chunk in response.content.iter_any():
-                *lines, buffer = (buffer + chunk).split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
-
-
-def _message(text: str) -> str:
-    try:
-        return str(json.loads(text).get("message", text))
-    except (ValueError, AttributeError):
-        return text[:500]
+        async for event in watch_events(
+            self._http(), self.paths[kind], resource_version, label_selector, timeout_seconds, field_selector
+        ):
+            yield event

@@ -25,18 +25,12 @@ from gpuforge.api.gpuquota import API_VERSION as QUOTA_API_VERSION
 from gpuforge.api.gpuquota import KIND as QUOTA_KIND
 from gpuforge.api.gpuquota import PLURAL as QUOTA_PLURAL
 from gpuforge.constants import FIELD_MANAGER
-from gpuforge.k8s.informer import ChangeHandler, Informer
+from gpuforge.k8s.informer import ApiError, ChangeHandler, Informer, error_message, selectors, watch_events
 
 log = logging.getLogger(__name__)
 
 # A 429 is retried this many times (see QuotaApi._request).
 _RETRIES_ON_429 = 5
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
 
 
 class Conflict(ApiError):
@@ -175,9 +169,9 @@ class QuotaApi:
                     await asyncio.sleep(min(delay, 5.0))
                     continue
                 if response.status == 409:
-                    raise Conflict(409, _message(text))
+                    raise Conflict(409, error_message(text))
                 if response.status >= 400:
-                    raise ApiError(response.status, _message(text))
+                    raise ApiError(response.status, error_message(text))
                 result: dict[str, Any] = json.loads(text) if text else {}
                 return result
         raise AssertionError("unreachable")
@@ -240,7 +234,7 @@ class QuotaApi:
         label_selector: str | None = None,
         field_selector: str | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
-        params = _selectors(label_selector, field_selector) or None
+        params = selectors(label_selector, field_selector) or None
         result = await self._request("GET", RESOURCES[kind].path(namespace), params=params)
         if result is None:
             return [], ""
@@ -276,22 +270,15 @@ class QuotaApi:
         field_selector: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Watch events ({type, object}) from `resource_version` until the server ends the stream."""
-        params = {
-            **_selectors(label_selector, field_selector),
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-        }
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
-        async with self._http().get(
-            RESOURCES[kind].path().lstrip("/"), params=params, timeout=timeout
-        ) as response:
-            if response.status >= 400:
-                raise ApiError(response.status, _message(await response.text()))
-            async for line in response.content:
-                if line.strip():
-                    yield json.loads(line)
+        async for event in watch_events(
+            self._http(),
+            RESOURCES[kind].path(),
+            resource_version,
+            label_selector,
+            timeout_seconds,
+            field_selector,
+        ):
+            yield event
 
     # --- Leases (leader election) -------------------------------------------
 
@@ -431,20 +418,4 @@ class QuotaApi:
         await self._request("DELETE", RESOURCES["ValidatingWebhookConfiguration"].path(name=name))
 
 
-def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
-    params = {}
-    if label_selector:
-        params["labelSelector"] = label_selector
-    if field_selector:
-        params["fieldSelector"] = field_selector
-    return params
-
-
 __all__ = ["ApiError", "ChangeHandler", "Conflict", "Credentials", "Informer", "QuotaApi", "load_credentials"]
-
-
-def _message(text: str) -> str:
-    try:
-        return str(json.loads(text).get("message", text))
-    except (ValueError, AttributeError):
-        return text[:500]

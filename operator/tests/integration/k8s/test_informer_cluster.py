@@ -110,3 +110,45 @@ async def test_informer_follows_node_label_changes(dev_cluster: Any) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await source.close()
+
+
+async def test_quota_api_watch_reads_events_longer_than_a_stream_line(
+    dev_cluster: Any, namespace: str
+) -> None:
+    """A watch event above aiohttp's 64 KiB line limit (a workload with a large pod template, a quota with
+    many reservations) reaches the informer: the stream is split by us, not by readline."""
+    from gpuforge.k8s.quota import QuotaApi
+
+    kube = Kube.from_kubeconfig(str(dev_cluster.kubeconfig))
+    label = f"gpuforge.io/test-long-lines={secrets.token_hex(4)}"
+    key, value = label.split("=")
+    padding = "x" * 200_000
+    async with QuotaApi.from_kubeconfig(dev_cluster.kubeconfig) as api:
+        informer = Informer(api, "Deployment", label_selector=label)
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 20)
+            kube.request(
+                "POST",
+                f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                body={
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": {"name": "long", "labels": {key: value}, "annotations": {"padding": padding}},
+                    "spec": {
+                        "replicas": 0,
+                        "selector": {"matchLabels": {"app": "long"}},
+                        "template": {
+                            "metadata": {"labels": {"app": "long"}},
+                            "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+                        },
+                    },
+                },
+            )
+            await _until(lambda: informer.get("long", namespace) is not None)
+            stored = informer.get("long", namespace) or {}
+            assert stored["metadata"]["annotations"]["padding"] == padding
+            assert informer.lists == 1  # seen by the watch, not by a list after the watch failed on it
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

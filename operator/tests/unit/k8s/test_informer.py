@@ -11,7 +11,7 @@ import pytest
 
 from gpuforge.k8s import quota
 from gpuforge.k8s.cache import NODE_INDEXES, WEIGHS, Relevance, node_fingerprint, pod_fingerprint
-from gpuforge.k8s.informer import HttpError, Informer, Store, key_of, newer, without_managed_fields
+from gpuforge.k8s.informer import ApiError, Informer, Store, key_of, newer, without_managed_fields
 
 
 def obj(name: str, rv: str, namespace: str = "", **extra: Any) -> dict[str, Any]:
@@ -203,7 +203,7 @@ async def test_list_watch_bookmark_and_relist_on_gone() -> None:
 async def test_an_http_410_lists_again_at_once() -> None:
     source = ScriptedSource(
         lists=[([obj("a", "1")], "10"), ([obj("a", "40")], "41")],
-        watches=[HttpError(410, "Gone")],
+        watches=[ApiError(410, "Gone")],
     )
     informer = Informer(source, "Pod")
     await _run_until(informer, lambda: informer.lists == 2)
@@ -211,7 +211,7 @@ async def test_an_http_410_lists_again_at_once() -> None:
 
 
 async def test_errors_back_off_and_retry() -> None:
-    source = ScriptedSource(lists=[([obj("a", "1")], "10")] * 2, watches=[HttpError(500, "boom")])
+    source = ScriptedSource(lists=[([obj("a", "1")], "10")] * 2, watches=[ApiError(500, "boom")])
     informer = Informer(source, "Pod", max_backoff=0.05)
     await _run_until(informer, lambda: informer.lists == 2)
 
