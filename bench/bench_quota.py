@@ -40,6 +40,7 @@ from typing import Any, Self
 
 import aiohttp
 from gpuforge.k8s.quota import load_credentials
+from gpuforge.quota.workloads import gpu_deployment
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "operator" / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"
@@ -54,27 +55,7 @@ def percentile(samples: list[float], fraction: float) -> float:
 
 
 def deployment(name: str, quota: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {"gpuforge.io/quota": quota}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "bench"}},
-            "template": {
-                "metadata": {"labels": {"app": "bench"}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "bench:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ]
-                },
-            },
-        },
-    }
+    return gpu_deployment(name, quota, image="bench:1")
 
 
 class Cluster:

@@ -41,6 +41,7 @@ from gpuforge.constants import (
 )
 from gpuforge.devcluster.cluster import DevCluster
 from gpuforge.devcluster.pools import GpuSpec, Pool
+from gpuforge.quota.workloads import gpu_deployment
 
 T = TypeVar("T")
 # Wide enough for the node table when the output is a log rather than a terminal.
@@ -464,35 +465,15 @@ def _stack(name: str, mode: str, expressions: list[dict[str, Any]]) -> dict[str,
 
 
 def _workload(name: str, quota: str, replicas: int, gpus: int, model: str = "") -> dict[str, Any]:
-    labels = {"gpuforge.io/quota": quota}
-    if model:
-        labels["gpuforge.io/gpu-model"] = model
-    selector: dict[str, str] = {"nvidia.com/gpu.product": H100_PRODUCT} if model == "H100" else {}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": selector,
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.example/cuda-app:1",
-                            "resources": {
-                                "requests": {"cpu": "1", "memory": "4Gi"},
-                                "limits": {GPU_RESOURCE: str(gpus)},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return gpu_deployment(
+        name,
+        quota,
+        gpus=gpus,
+        replicas=replicas,
+        model=model,
+        requests={"cpu": "1", "memory": "4Gi"},
+        node_selector={"nvidia.com/gpu.product": H100_PRODUCT} if model == "H100" else None,
+    )
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from gpuforge.devcluster.pools import Pool
+from gpuforge.quota.workloads import gpu_deployment
 from gpuforge.render import quota_webhook as q
 from gpuforge.render.certs import (
     KeyPair,
@@ -341,31 +342,9 @@ def external_webhook(cluster: Any, tmp_path: Path) -> Iterator[tuple[str, bytes]
 
 
 def labelled_deployment(name: str, namespace: str, quota: str, replicas: int) -> str:
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"gpuforge.io/quota": quota}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.example/cuda:latest",
-                            "resources": {
-                                "limits": {"nvidia.com/gpu": "1"},
-                                "requests": {"nvidia.com/gpu": "1"},
-                            },
-                        }
-                    ]
-                },
-            },
-        },
-    }
-    return json.dumps(body)
+    return json.dumps(
+        gpu_deployment(name, quota, replicas=replicas, namespace=namespace, requests={"nvidia.com/gpu": "1"})
+    )
 
 
 def gpuquota(name: str, parent: str, gpus: int) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuforge.quota.workloads import gpu_deployment
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 
 REPO = Path(__file__).resolve().parents[4]
@@ -257,34 +258,16 @@ def quotas(api_client: client.ApiClient, quota_webhook: WebhookProcess) -> Itera
 
 
 def deployment(name: str, quota: str, gpus: int = 1, replicas: int = 1, model: str = "") -> dict[str, Any]:
-    labels = {"gpuforge.io/quota": quota}
-    if model:
-        labels["gpuforge.io/gpu-model"] = model
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.example/work:1",
-                            "resources": {
-                                "requests": {"cpu": "100m"},
-                                "limits": {"nvidia.com/gpu": str(gpus)},
-                            },
-                        }
-                    ],
-                    "tolerations": [{"operator": "Exists"}],
-                },
-            },
-        },
-    }
+    return gpu_deployment(
+        name,
+        quota,
+        gpus=gpus,
+        replicas=replicas,
+        model=model,
+        requests={"cpu": "100m"},
+        tolerations=[{"operator": "Exists"}],
+        image="registry.example/work:1",
+    )
 
 
 def wait_for(
