@@ -132,7 +132,8 @@ class Demo:
 
     def start(self, name: str, *args: str) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        log = (self.log_dir / f"{name}.log").open("ab")
+        # A fresh log per run: the demo waits for lines in it, which an earlier run's log already has.
+        log = (self.log_dir / f"{name}.log").open("wb")
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", "gpuforge", *args],
             env=env,
