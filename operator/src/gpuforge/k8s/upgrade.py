@@ -107,19 +107,30 @@ def snapshot_of(view: ClusterView, stack: str, selected: Iterable[str], now: dat
         for n in view.nodes
         if (n["metadata"].get("labels") or {}).get(STACK_LABEL) == stack
     }
+    return _snapshot(view, names, _MEMO, now)
+
+
+_MEMO = ConversionMemo()  # objects from the watch-fed cache are converted once per resourceVersion
+
+
+def _snapshot(
+    view: ClusterView,
+    names: Collection[str],
+    memo: ConversionMemo,
+    now: datetime,
+    nodes: Sequence[Obj] | None = None,
+) -> Snapshot:
+    """The planner's input for `names` from a view (its Nodes replaced by `nodes`, when given)."""
     return snapshot_from_objects(
-        view.nodes,
+        view.nodes if nodes is None else nodes,
         view.pods,
         view.slices,
         now=now,
         claims=view.claims,
         served_resource_versions=view.served,
         names=names,
-        memo=_MEMO,
+        memo=memo,
     )
-
-
-_MEMO = ConversionMemo()  # objects from the watch-fed cache are converted once per resourceVersion
 
 
 @dataclass(frozen=True)
@@ -479,16 +490,7 @@ class Stepper:
             return None
         if not wanted:
             return 0
-        snapshot = snapshot_from_objects(
-            view.nodes,
-            view.pods,
-            view.slices,
-            now=now,
-            claims=view.claims,
-            served_resource_versions=view.served,
-            names=wanted,
-            memo=self._quick_memo,
-        )
+        snapshot = _snapshot(view, wanted, self._quick_memo, now)
         steps = advance(snapshot, context.desired, context.policy)
         if steps:
             self.writer.submit(
@@ -547,15 +549,8 @@ class Stepper:
         view = _cached_view(self._cache, context, names)  # these nodes, their pods and slices
         if view is None:
             return
-        snapshot = snapshot_from_objects(
-            overlaid(view.nodes, mark.in_flight),
-            view.pods,
-            view.slices,
-            now=datetime.now(UTC),
-            claims=view.claims,
-            served_resource_versions=view.served,
-            names=names,
-            memo=self._fill_memo,
+        snapshot = _snapshot(
+            view, names, self._fill_memo, datetime.now(UTC), nodes=overlaid(view.nodes, mark.in_flight)
         )
         plan = plan_upgrade(snapshot, desired, policy)
         starts = [t for t in plan.transitions if t.node in plan.admitted]
