@@ -12,6 +12,11 @@ Measured at concurrency 1, 8 and 32:
 Also: what the API server itself measures of the webhook call, the webhook's CPU per create, how long
 admissions wait to be written behind, and how many each status write carries.
 
+Reference in the same run (not part of gpuforge): `bench/floorhook`, an allow-all webhook in Go that
+does nothing else, registered the same way and measured the same way (e2e on many quotas, and posted
+straight to). Its figures are the floor of any webhook on this machine under this load generator: a
+target the floor misses cannot be met here by any webhook.
+
 The webhook runs as production runs it: two replicas (separate processes) electing a leader through a
 Lease, behind one address (SO_REUSEPORT spreads the API server's connections over them as a Service
 does; each has its own port for forwarding), TLS on, the API server calling it.
@@ -43,6 +48,7 @@ from gpuforge.k8s.quota import load_credentials
 from gpuforge.quota.workloads import gpu_deployment
 
 REPO = Path(__file__).resolve().parents[1]
+FLOORHOOK = REPO / "bench" / "floorhook"
 CRD = REPO / "operator" / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"
 GPU = "requests.nvidia.com/gpu"
 CONCURRENCY = (1, 8, 32)
@@ -268,7 +274,96 @@ class Webhook:
         return sum(_cpu_seconds(process.pid) for process in self.processes)
 
 
-async def replica_metrics(webhook: Webhook) -> dict[str, dict[str, float]]:
+def floorhook_binary() -> Path:
+    """The reference webhook, built once per source version into the cache (Go from the toolchain the
+    control plane is built with)."""
+    import hashlib
+
+    from gpuforge.devcluster.build import cache_root, find_go, go_environment, load_versions
+    from rich.console import Console
+
+    digest = hashlib.sha256(
+        b"".join((FLOORHOOK / name).read_bytes() for name in ("go.mod", "main.go"))
+    ).hexdigest()[:12]
+    binary = cache_root() / "bench" / f"floorhook-{digest}" / "floorhook"
+    if not binary.exists():
+        go = find_go(load_versions(), Console(stderr=True))
+        staging = binary.with_name("floorhook.partial")
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        env = {**go_environment(), "GOPROXY": "off"}
+        subprocess.run([str(go), "build", "-o", str(staging), "."], cwd=FLOORHOOK, env=env, check=True)
+        staging.rename(binary)
+    return binary
+
+
+class FloorWebhook:
+    """The reference: `bench/floorhook` (allow-all, Go) registered with the same configurations as our
+    webhook (same matchConditions, namespaceSelector, timeout), so the API server does the same work to
+    call it. Same interface as `Webhook` for `e2e_pair`."""
+
+    def __init__(self, kubeconfig: Path, work: Path) -> None:
+        from gpuforge.webhook.certs import generate_ca, issue_serving_cert
+
+        now = datetime.now(UTC)
+        ca = generate_ca(now)
+        pair = issue_serving_cert(ca, ["127.0.0.1", "localhost"], now)
+        self.cert, self.key = work / "floor-tls.crt", work / "floor-tls.key"
+        self.cert.write_bytes(pair.cert_pem)
+        self.key.write_bytes(pair.key_pem)
+        self.ca = ca.cert_pem
+        self.kubeconfig, self.work = kubeconfig, work
+        self.binary = floorhook_binary()
+        self.port = _free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.peer_ports: list[int] = []  # no metrics to scrape
+        self.process: subprocess.Popen[bytes] | None = None
+        self.names: list[str] = []
+
+    def _admission_api(self) -> Any:
+        from kubernetes import client, config
+
+        return client.AdmissionregistrationV1Api(config.new_client_from_config(str(self.kubeconfig)))
+
+    def start(self) -> None:
+        from gpuforge.webhook.manifests import ClientTarget, render_webhook_configurations
+
+        self.process = subprocess.Popen(
+            [str(self.binary), f"127.0.0.1:{self.port}", str(self.cert), str(self.key)],
+            stdout=(self.work / "floorhook.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    break
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"floorhook did not start: {(self.work / 'floorhook.log').read_text()}")
+            time.sleep(0.05)
+        api = self._admission_api()
+        configurations = render_webhook_configurations(
+            ClientTarget(ca_bundle=self.ca, url=self.url), name="gpuforge-quota-floor"
+        )
+        for configuration in configurations:
+            api.create_validating_webhook_configuration(configuration)
+            self.names.append(configuration["metadata"]["name"])
+        time.sleep(1.0)  # the API server's configuration informer
+
+    def stop(self) -> None:
+        api = self._admission_api()
+        for name in self.names:
+            api.delete_validating_webhook_configuration(name)
+        self.names.clear()
+        time.sleep(1.0)
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+
+    def cpu_seconds(self) -> float:
+        return _cpu_seconds(self.process.pid) if self.process is not None else 0.0
+
+
+async def replica_metrics(webhook: Webhook | FloorWebhook) -> dict[str, dict[str, float]]:
     """Each replica's series, scraped on its own (forwarding) port, by port."""
     seen: dict[str, dict[str, float]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False)) as session:
@@ -414,7 +509,7 @@ def histogram_quantile(
 
 
 async def e2e_pair(
-    cluster: Cluster, webhook: Webhook, quota_of: Any, count: int, concurrency: int
+    cluster: Cluster, webhook: Webhook | FloorWebhook, quota_of: Any, count: int, concurrency: int
 ) -> tuple[list[float], list[float], int, dict[str, float]]:
     """Creates without the webhook, then (started for this) with it, each in a fresh namespace and only
     once the previous one is gone. Returns (without, with, admitted with, figures of the webhook)."""
@@ -498,6 +593,7 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
     loads: list[float] = []
     await apply_crd(kubeconfig)
     webhook = Webhook(kubeconfig, work)
+    floor = FloorWebhook(kubeconfig, work)
     async with Cluster(kubeconfig) as cluster:
         many = [f"bench-many-{i}" for i in range(MANY_QUOTAS)]
         for name in many:
@@ -515,6 +611,19 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                     concurrency,
                 )
                 pair_results(results, f"{MANY_QUOTAS} quotas", concurrency, plain, guarded)
+                plain, floored, _, figures_floor = await e2e_pair(
+                    cluster, floor, lambda i: many[i % MANY_QUOTAS], creates_at(concurrency), concurrency
+                )
+                what = f"{MANY_QUOTAS} quotas, reference allow-all Go webhook"
+                pair_results(results, what, concurrency, plain, floored)
+                results[-1].pop("target"), results[-1].pop("ok")
+                results.append(
+                    result(
+                        f"reference webhook call as the API server times it, mean, c={concurrency}",
+                        figures_floor["apiserver_ms"],
+                        "ms",
+                    )
+                )
                 results.append(
                     result(
                         f"webhook call as the API server times it, mean, c={concurrency}",
@@ -620,6 +729,17 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                             )
             finally:
                 webhook.stop()
+            floor.start()
+            try:
+                for concurrency in CONCURRENCY:
+                    latencies = await direct_admissions(
+                        floor.url, many, 100 * concurrency // 4 + 100, concurrency
+                    )
+                    latency_results(
+                        results, f"reference allow-all Go webhook, posted to, c={concurrency}", latencies
+                    )
+            finally:
+                floor.stop()
         finally:
             for name in [*many, *contended_quotas]:
                 await cluster.call("DELETE", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{name}")

@@ -47,6 +47,14 @@ def webhook() -> None:
 )
 @click.option("--resync", "resync_seconds", default=300.0, show_default=True, help="Full resync period (s).")
 @click.option(
+    "--status-writes-per-second",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.0),
+    help="GpuQuota status writes a second, all quotas together (0: no limit); each write carries every "
+    "admission to its quota since the last one.",
+)
+@click.option(
     "--accrual", "accrual_seconds", default=60.0, show_default=True, help="Budget accrual period (s)."
 )
 @click.option(

@@ -60,6 +60,8 @@ class WebhookOptions:
     # operator): a new leader waits it out, with persist_seconds, before admitting.
     timeout_seconds: int = 5
     resync_seconds: float = 300.0
+    # GpuQuota status writes a second, all quotas together (0: no limit).
+    status_writes_per_second: float = 10.0
     accrual_seconds: float = 60.0
     speedup: float = 1.0
     cert_check_seconds: float = 5.0
@@ -137,7 +139,9 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                 persist=timedelta(seconds=options.persist_seconds),
             )
         )
-        writer = WriteBehind(api, leadership.ledger, leadership.may_write)
+        writer = WriteBehind(
+            api, leadership.ledger, leadership.may_write, rate=options.status_writes_per_second
+        )
         controller = UsageController(
             api,
             leadership,

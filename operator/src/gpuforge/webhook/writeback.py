@@ -4,8 +4,12 @@ An admission is answered as soon as the ledger (gpuforge.quota.ledger) has charg
 replaces the quota's status with what the ledger holds, with the resourceVersion it knows as the
 precondition. One write per quota at a time, up to `concurrency` quotas at once, and one per quota per
 `min_interval` at most: admissions that come meanwhile go together in the next write (a busy quota is
-written once a second, not once per admission). `flush` (a handover, a child quota's carve-out) does
-not wait for the interval. A 409 means the object changed since: the leader
+written once a second, not once per admission). All quotas together take turns in a write budget of
+`rate` writes a second (`WriteBudget`): a status write costs the API server about what a small create
+does, so with many busy quotas one write per admission would double the load the guarded creates put
+on it; with the budget, what the webhook adds stays bounded however many quotas are busy, and each
+write carries every admission to its quota since the last. `flush` (a handover, a child quota's
+carve-out) waits for neither. A 409 means the object changed since: the leader
 is the only status writer, so that is a spec edit; read the quota, take its spec and resourceVersion, and
 write the ledger's status again. Nothing is written once the leader's renew deadline has passed
 (`may_write`).
@@ -13,8 +17,8 @@ write the ledger's status again. Nothing is written once the leader's renew dead
 `stalled` tells admission when to stop: when a quota's oldest unwritten admission has waited more than
 the limit and its writes fail, or no write has landed anywhere for that long (a leader cut off from the
 API server, whose requests may hang rather than fail). A quota that only waits its turn behind writes
-that do land is not stalled, up to five times the limit: a busy API server slows the writes, and each
-write then carries more admissions.
+that do land is not stalled, up to `max_unwritten` seconds: a busy API server slows the writes, and many
+busy quotas share the budget; each write then carries more admissions.
 """
 
 from __future__ import annotations
@@ -38,12 +42,51 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class WriteBudget:
+    """A token bucket: `rate` writes a second on average, `burst` at once (a quiet webhook writes at
+    once). Writers wait their turn in arrival order (asyncio.Lock is fair), so the quota that has
+    waited longest is written first. A `rate` of 0 means no limit."""
+
+    rate: float
+    burst: float = 0.0
+    clock: Callable[[], float] = time.monotonic
+    _tokens: float = field(init=False)
+    _at: float = field(init=False)
+    _turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.burst = max(1.0, self.burst or self.rate)
+        self._tokens, self._at = self.burst, self.clock()
+
+    async def take(self, hurry: asyncio.Event) -> None:
+        """Wait for a write's turn; at once while `hurry` is set (it may then overdraw the budget,
+        which later writes pay back)."""
+        if self.rate <= 0:
+            return
+        async with self._turn:
+            while True:
+                now = self.clock()
+                self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+                self._at = now
+                if self._tokens >= 1.0 or hurry.is_set():
+                    self._tokens -= 1.0
+                    return
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout((1.0 - self._tokens) / self.rate):
+                        await hurry.wait()
+
+
+@dataclass
 class WriteBehind:
     api: QuotaApi
     ledger: Ledger
     may_write: Callable[[], bool]
     concurrency: int = 16
     min_interval: float = 1.0
+    # Status writes a second, all quotas together (0: no limit); see WriteBudget.
+    rate: float = 10.0
+    # How long an admission may wait its turn to be written while writes do land (see `stalled`).
+    max_unwritten: float = 30.0
     # Called with a quota whose object was deleted and created again under its name (reloaded here):
     # the controller counts it afresh.
     on_reload: Callable[[str], None] | None = None
@@ -57,6 +100,10 @@ class WriteBehind:
     _hurry: asyncio.Event = field(default_factory=asyncio.Event)  # set while a flush waits
     _flushes: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _budget: WriteBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._budget = WriteBudget(self.rate)
 
     def poke(self) -> None:
         """The ledger changed: write what is due."""
@@ -75,7 +122,7 @@ class WriteBehind:
         waited = now - oldest
         if waited <= limit:
             return None
-        if name in self._errors or now - self._landed > limit or waited > 5 * limit:
+        if name in self._errors or now - self._landed > limit or waited > max(limit, self.max_unwritten):
             return waited
         return None
 
@@ -132,8 +179,9 @@ class WriteBehind:
                         async with asyncio.timeout(wait):  # admissions meanwhile join this write
                             await self._hurry.wait()
                     continue
-                pending = self.ledger.to_write(name)
-                if pending is None:
+                await self._budget.take(self._hurry)
+                pending = self.ledger.to_write(name)  # with every admission made while it waited
+                if pending is None or not self.may_write():
                     break
                 quota, change = pending
                 self._started[name] = time.monotonic()

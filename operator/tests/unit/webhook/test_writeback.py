@@ -17,7 +17,7 @@ from gpuforge.quota.convert import quota_from_object
 from gpuforge.quota.ledger import Ledger
 from gpuforge.webhook.metrics import REGISTRY
 from gpuforge.webhook.review import parse_review
-from gpuforge.webhook.writeback import WriteBehind
+from gpuforge.webhook.writeback import WriteBehind, WriteBudget
 
 from .fakes import GPU, MemoryApi, Shell, quota
 from .test_leader import create
@@ -119,7 +119,8 @@ def test_an_admission_waiting_its_turn_behind_writes_that_land_is_not_a_stall() 
     writer._landed = now - 1.0  # nothing lands anywhere: cut off, or requests hang
     assert (writer.stalled("q", 0.5) or 0) >= 1.0
     writer._landed = now
-    assert writer.stalled("q", 0.1) is not None  # waiting five times the limit is too long anyway
+    writer.max_unwritten = 0.8
+    assert writer.stalled("q", 0.5) is not None  # waiting that long for its turn is too long anyway
 
 
 async def test_a_busy_quota_is_written_once_per_interval_with_every_admission_since(shell: Shell) -> None:
@@ -137,3 +138,51 @@ async def test_a_busy_quota_is_written_once_per_interval_with_every_admission_si
     await admit(shell, "d")
     assert await shell.writer.flush(timeout=0.1)  # a flush does not wait for the interval
     assert len(api.writes) == 3
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "takes", "at_least", "at_most"),
+    [
+        (0.0, 0.0, 50, 0.0, 0.05),  # no limit
+        (40.0, 4.0, 4, 0.0, 0.02),  # a quiet webhook writes at once, up to the burst
+        (40.0, 4.0, 8, 0.09, 0.3),  # then one write every 1/rate seconds: 4 more take 0.1 s
+        (20.0, 1.0, 3, 0.09, 0.3),
+    ],
+)
+async def test_the_write_budget_spreads_writes_over_time(
+    rate: float, burst: float, takes: int, at_least: float, at_most: float
+) -> None:
+    budget = WriteBudget(rate, burst)
+    started = time.monotonic()
+    for _ in range(takes):
+        await budget.take(asyncio.Event())
+    assert at_least <= time.monotonic() - started <= at_most
+
+
+async def test_a_flush_does_not_wait_for_the_write_budget() -> None:
+    budget, hurry = WriteBudget(1.0, 1.0), asyncio.Event()
+    await budget.take(hurry)  # the budget is spent for a second
+    waiting = asyncio.create_task(budget.take(hurry))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    hurry.set()  # a handover or a carve-out flushes
+    await asyncio.wait_for(waiting, 0.5)
+
+
+async def test_many_busy_quotas_share_the_write_budget(shell: Shell) -> None:
+    """Twenty quotas with an admission each, a budget of 10 writes a second with a burst of 10: ten are
+    written at once, the others in turn within about a second, each write carrying its admission."""
+    for index in range(20):
+        name = f"q{index}"
+        shell.api.quotas[name] = quota(name, hard=4)
+        shell.leadership.ledger.load(quota_from_object(shell.api.quotas[name]))
+        shell.leadership.ledger.recomputed(name, None)
+    shell.writer._budget = WriteBudget(10.0, 10.0)
+    for index in range(20):
+        review = create(f"w{index}")
+        review["request"]["object"]["metadata"]["labels"]["gpuforge.io/quota"] = f"q{index}"
+        assert isinstance(await shell.handlers.workloads(parse_review(json.dumps(review).encode())), Allowed)
+    await asyncio.sleep(0.2)
+    assert 9 <= len(shell.api.writes) <= 11
+    assert await shell.writer.flush(timeout=2.0)
+    assert len(shell.api.writes) == 20

@@ -1,0 +1,3 @@
+module gpuforge.io/bench/floorhook
+
+go 1.22
