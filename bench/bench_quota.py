@@ -263,6 +263,34 @@ class Webhook:
             if time.monotonic() > deadline:
                 raise RuntimeError("no webhook replica admits after 90 s")
             time.sleep(0.2)
+        self._settle()
+
+    def _settle(self, quiet: float = 1.5, limit: float = 30.0) -> None:
+        """Wait until the new leader has written what its first recompute found (the statuses the
+        previous phase left behind; spread over seconds by the write budget), so that no arm measures
+        another phase's catch-up."""
+        import ssl
+        import urllib.request
+
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+
+        def written() -> float:
+            total = 0.0
+            for port in self.peer_ports:
+                url = f"https://127.0.0.1:{port}/metrics"
+                with urllib.request.urlopen(url, context=context, timeout=5) as response:
+                    for line in response.read().decode().splitlines():
+                        if line.startswith('gpuforge_quota_status_writes_total{result="written"}'):
+                            total += float(line.rpartition(" ")[2])
+            return total
+
+        deadline, last, since = time.monotonic() + limit, written(), time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < quiet:
+            time.sleep(0.25)
+            now = written()
+            if now != last:
+                last, since = now, time.monotonic()
 
     def stop(self) -> None:
         for process in reversed(self.processes):  # the registering replica last: it unregisters
