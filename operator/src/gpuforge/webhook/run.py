@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -257,6 +258,8 @@ async def run_until_signalled(options: WebhookOptions) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with running_webhook(options) as webhook:
+        gc.freeze()  # what start-up made (modules, clients, certificates) stays: see freeze_gc_after_rebuild
+        webhook.controller.freeze_gc_after_rebuild = True
         log.info("GpuQuota webhook serving on %s", webhook.url)
         print(f"serving on {webhook.url}", flush=True)
         await stop.wait()

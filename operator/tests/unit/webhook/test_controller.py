@@ -63,3 +63,22 @@ async def test_usage_changes_go_into_the_ledger_at_once() -> None:
     await shell.controller.reconcile_all(only={"a"})
     held = shell.leadership.ledger.quota("a")
     assert held is not None and held.status.used == {GPU: 3}
+
+
+async def test_a_rebuild_freezes_what_the_caches_hold_when_the_process_asks() -> None:
+    """`gpuforge webhook run` asks (a full GC of the caches paused the event loop); tests that run the
+    webhook inside their own process do not, and their objects are never frozen."""
+    import gc
+
+    from gpuforge.quota.leader import Gate, Role
+
+    api = MemoryApi([quota("a")], [deployment("w", "a", 1)])
+    for freeze in (False, True):
+        shell = Shell(api, lambda: NOW)
+        shell.controller.freeze_gc_after_rebuild = freeze
+        shell.leadership.gate = Gate(Role.SYNCING, term=1, admit_from=0.0, leading_until=float("inf"))
+        gc.unfreeze()
+        await shell.controller._rebuild(1)
+        assert (gc.get_freeze_count() > 0) is freeze
+        gc.unfreeze()
+        assert shell.leadership.ledger.quota("a") is not None
