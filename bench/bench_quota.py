@@ -1,25 +1,32 @@
 """Benchmark of the GpuQuota admission webhook on the local control plane: the figures of issue 6.
 
 Measured at concurrency 1, 8 and 32:
-- admission latency at the webhook (p50, p99): AdmissionReviews posted straight to it (not through the
-  API server), spread over many quotas; half of them reach the follower, which forwards to the leader;
-- end-to-end Deployment create latency through the API server, without and with the webhook, in pairs
-  under the same conditions (the previous phase's namespace is gone before the next starts; each arm
-  begins with a few dry-run creates, so no arm measures connections opening): on many
-  quotas (round robin), and on one contended quota (twice as many creates as it holds);
-- over-admission on the contended quota (Deployments created beyond its hard, and `used` beyond it),
-  which must be zero.
-Also: what the API server itself measures of the webhook call, the webhook's CPU per create, how long
-admissions wait to be written behind, and how many each status write carries.
+- end-to-end Deployment create latency through the API server on many quotas (round robin), in
+  interleaved rounds: each round has one arm with no webhook registered, one with ours, one with the
+  reference below, the order rotating; both webhooks keep running and an arm registers its webhook's
+  configurations for itself (each arm has its own namespace for all rounds and starts with a few dry-run
+  creates, so no arm measures connections opening). The ratio of p99s is over the pooled rounds, with
+  the median and highest round beside it;
+- admission latency at the webhook (p50, p99) in those arms: the webhook's own histogram of its answer
+  time to the API server's calls (`gpuforge_quota_admission_duration_seconds`, interpolated in its
+  buckets as Prometheus does), over both replicas;
+- the same AdmissionReviews posted straight to each replica (not through the API server), and to the
+  reference: what a client on these two cores sees;
+- on one contended quota (twice as many creates as it holds), a pair: without the webhook, then with it
+  (started for it), and over-admission (Deployments created beyond its hard, `used` beyond it), which
+  must be zero.
+Also: what the API server itself measures of the webhook call, the webhook's CPU per create, status
+writes per create, and the share of calls forwarded by the follower.
 
 Reference in the same run (not part of gpuforge): `bench/floorhook`, an allow-all webhook in Go that
-does nothing else, registered the same way and measured the same way (e2e on many quotas, and posted
-straight to). Its figures are the floor of any webhook on this machine under this load generator: a
-target the floor misses cannot be met here by any webhook.
+does nothing else, registered the same way and measured the same way. Its figures are the floor of any
+webhook on this machine under this load generator: a target the floor misses cannot be met here by any
+webhook.
 
 The webhook runs as production runs it: two replicas (separate processes) electing a leader through a
-Lease, behind one address (SO_REUSEPORT spreads the API server's connections over them as a Service
-does; each has its own port for forwarding), TLS on, the API server calling it.
+Lease, behind one address, TLS on, the API server calling it, the calls routed to the leader
+(`--route=shared-port`: replicas share the port with SO_REUSEPORT and only the one taking calls listens
+on it, as the operator's Service selects the leader's pod; each has its own port for forwarding).
 
 Usage: python bench/bench_quota.py --out bench/results/quota.json [--kubeconfig FILE]
 Without --kubeconfig a local control plane is started in a temporary state root and stopped.
@@ -84,15 +91,13 @@ class Cluster:
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         assert self.session is not None
-        async with self.session.request(
-            method, path.lstrip("/"), json=body
-        ) as response:
+        async with self.session.request(method, path.lstrip("/"), json=body) as response:
             text = await response.text()
             return response.status, (json.loads(text) if text else None)
 
 
 async def timed_creates(
-    cluster: Cluster, namespace: str, quota_of: Any, count: int, concurrency: int
+    cluster: Cluster, namespace: str, quota_of: Any, count: int, concurrency: int, prefix: str = "d"
 ) -> tuple[list[float], int]:
     """Create `count` Deployments with `concurrency` workers; latencies (s) and how many were admitted."""
     latencies: list[float] = []
@@ -107,7 +112,7 @@ async def timed_creates(
             status, _ = await cluster.call(
                 "POST",
                 f"/apis/apps/v1/namespaces/{namespace}/deployments",
-                deployment(f"d{index}", quota_of(index)),
+                deployment(f"{prefix}{index}", quota_of(index)),
             )
             latencies.append(time.perf_counter() - started)
             admitted += status == 201
@@ -129,9 +134,7 @@ async def create_quota(cluster: Cluster, name: str, gpus: int) -> None:
         "metadata": {"name": name},
         "spec": {"parent": "", "hard": {GPU: str(gpus)}},
     }
-    status, answer = await cluster.call(
-        "POST", "/apis/gpuforge.io/v1alpha1/gpuquotas", body
-    )
+    status, answer = await cluster.call("POST", "/apis/gpuforge.io/v1alpha1/gpuquotas", body)
     if status not in (201, 409):
         raise RuntimeError(f"creating GpuQuota {name}: {status} {answer}")
 
@@ -167,16 +170,12 @@ async def direct_admissions(
 ) -> list[float]:
     latencies: list[float] = []
     queue = list(range(count))
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=False, limit=concurrency)
-    ) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False, limit=concurrency)) as session:
 
         async def worker() -> None:
             while queue:
                 index = queue.pop()
-                body = review(
-                    index, quotas[index % len(quotas)], "bench-direct", dry_run
-                )
+                body = review(index, quotas[index % len(quotas)], "bench-direct", dry_run)
                 started = time.perf_counter()
                 async with session.post(
                     f"{url}/validate-workloads",
@@ -203,7 +202,7 @@ register, lease = sys.argv[5] == "1", sys.argv[6]
 asyncio.run(run_until_signalled(WebhookOptions(
     port=port, peer_port=peer_port, kubeconfig=kubeconfig, register=register, leader_elect=True,
     name="gpuforge-quota-bench", lease_name=lease,
-    cert_file=work / "tls.crt", key_file=work / "tls.key", ca_file=work / "ca.crt", reuse_port=True,
+    cert_file=work / "tls.crt", key_file=work / "tls.key", ca_file=work / "ca.crt", route="shared-port",
 )))
 """
 
@@ -273,6 +272,40 @@ class Webhook:
     def cpu_seconds(self) -> float:
         return sum(_cpu_seconds(process.pid) for process in self.processes)
 
+    def configurations(self) -> list[dict[str, Any]]:
+        """What the registering replica registers (`webhook run --register`, with REPLICA's options)."""
+        from gpuforge.webhook.manifests import ClientTarget, render_webhook_configurations
+
+        target = ClientTarget(ca_bundle=(self.work / "ca.crt").read_bytes(), url=self.url)
+        return render_webhook_configurations(target, name="gpuforge-quota-bench")
+
+
+class Registration:
+    """One webhook's ValidatingWebhookConfigurations, registered for one arm and removed after it, so
+    the webhook's processes keep running between arms."""
+
+    def __init__(self, kubeconfig: Path, configurations: list[dict[str, Any]]) -> None:
+        from kubernetes import client, config
+
+        self.api = client.AdmissionregistrationV1Api(config.new_client_from_config(str(kubeconfig)))
+        self.configurations = configurations
+
+    def register(self) -> None:
+        for configuration in self.configurations:
+            self.api.create_validating_webhook_configuration(configuration)
+        time.sleep(1.0)  # the API server's configuration informer
+
+    def unregister(self) -> None:
+        from kubernetes.client import ApiException
+
+        for configuration in self.configurations:
+            try:
+                self.api.delete_validating_webhook_configuration(configuration["metadata"]["name"])
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+        time.sleep(1.0)
+
 
 def floorhook_binary() -> Path:
     """The reference webhook, built once per source version into the cache (Go from the toolchain the
@@ -298,9 +331,9 @@ def floorhook_binary() -> Path:
 
 
 class FloorWebhook:
-    """The reference: `bench/floorhook` (allow-all, Go) registered with the same configurations as our
-    webhook (same matchConditions, namespaceSelector, timeout), so the API server does the same work to
-    call it. Same interface as `Webhook` for `e2e_pair`."""
+    """The reference: `bench/floorhook` (allow-all, Go). Its `configurations()` are ours but for the name
+    and URL (same matchConditions, namespaceSelector, timeout), so the API server does the same work to
+    call it."""
 
     def __init__(self, kubeconfig: Path, work: Path) -> None:
         from gpuforge.webhook.certs import generate_ca, issue_serving_cert
@@ -316,18 +349,16 @@ class FloorWebhook:
         self.binary = floorhook_binary()
         self.port = _free_port()
         self.url = f"https://127.0.0.1:{self.port}"
-        self.peer_ports: list[int] = []  # no metrics to scrape
         self.process: subprocess.Popen[bytes] | None = None
-        self.names: list[str] = []
 
-    def _admission_api(self) -> Any:
-        from kubernetes import client, config
-
-        return client.AdmissionregistrationV1Api(config.new_client_from_config(str(self.kubeconfig)))
-
-    def start(self) -> None:
+    def configurations(self) -> list[dict[str, Any]]:
         from gpuforge.webhook.manifests import ClientTarget, render_webhook_configurations
 
+        return render_webhook_configurations(
+            ClientTarget(ca_bundle=self.ca, url=self.url), name="gpuforge-quota-floor"
+        )
+
+    def start(self) -> None:
         self.process = subprocess.Popen(
             [str(self.binary), f"127.0.0.1:{self.port}", str(self.cert), str(self.key)],
             stdout=(self.work / "floorhook.log").open("wb"),
@@ -341,21 +372,8 @@ class FloorWebhook:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"floorhook did not start: {(self.work / 'floorhook.log').read_text()}")
             time.sleep(0.05)
-        api = self._admission_api()
-        configurations = render_webhook_configurations(
-            ClientTarget(ca_bundle=self.ca, url=self.url), name="gpuforge-quota-floor"
-        )
-        for configuration in configurations:
-            api.create_validating_webhook_configuration(configuration)
-            self.names.append(configuration["metadata"]["name"])
-        time.sleep(1.0)  # the API server's configuration informer
 
     def stop(self) -> None:
-        api = self._admission_api()
-        for name in self.names:
-            api.delete_validating_webhook_configuration(name)
-        self.names.clear()
-        time.sleep(1.0)
         if self.process is not None:
             self.process.terminate()
             self.process.wait(10)
@@ -364,7 +382,7 @@ class FloorWebhook:
         return _cpu_seconds(self.process.pid) if self.process is not None else 0.0
 
 
-async def settled(webhook: Webhook | FloorWebhook, quiet: float = 1.5, limit: float = 30.0) -> None:
+async def settled(webhook: Webhook, quiet: float = 1.5, limit: float = 30.0) -> None:
     """Wait until a freshly started leader has written what its first recompute found (the statuses the
     previous phase left behind, spread over seconds by the write budget), so that no arm measures another
     phase's catch-up."""
@@ -377,7 +395,7 @@ async def settled(webhook: Webhook | FloorWebhook, quiet: float = 1.5, limit: fl
             last, since = now, time.monotonic()
 
 
-async def replica_metrics(webhook: Webhook | FloorWebhook) -> dict[str, dict[str, float]]:
+async def replica_metrics(webhook: Webhook) -> dict[str, dict[str, float]]:
     """Each replica's series, scraped on its own (forwarding) port, by port."""
     seen: dict[str, dict[str, float]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False)) as session:
@@ -393,9 +411,7 @@ async def replica_metrics(webhook: Webhook | FloorWebhook) -> dict[str, dict[str
     return seen
 
 
-def metric_delta(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], name: str
-) -> float:
+def metric_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], name: str) -> float:
     """Sum over replicas of the growth of every series whose name starts with `name`."""
     total = 0.0
     for replica, values in after.items():
@@ -444,10 +460,7 @@ async def webhook_seconds(cluster: Cluster) -> tuple[float, float]:
         text = await response.text()
     total = count = 0.0
     for line in text.splitlines():
-        if (
-            line.startswith(WEBHOOK_SERIES)
-            and 'name="workloads.quota.gpuforge.io"' in line
-        ):
+        if line.startswith(WEBHOOK_SERIES) and 'name="workloads.quota.gpuforge.io"' in line:
             if line.startswith(WEBHOOK_SERIES + "_sum"):
                 total += float(line.rsplit(" ", 1)[1])
             elif line.startswith(WEBHOOK_SERIES + "_count"):
@@ -476,9 +489,7 @@ def latency_results(
     p99_target: float | None = None,
 ) -> None:
     results.append(result(f"{what} p50", percentile(latencies, 0.5) * 1000, "ms"))
-    results.append(
-        result(f"{what} p99", percentile(latencies, 0.99) * 1000, "ms", p99_target)
-    )
+    results.append(result(f"{what} p99", percentile(latencies, 0.99) * 1000, "ms", p99_target))
 
 
 def creates_at(concurrency: int) -> int:
@@ -502,13 +513,20 @@ async def warm_up(cluster: Cluster, namespace: str, quota_of: Any, concurrency: 
 
 
 def histogram_quantile(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], name: str, fraction: float
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    name: str,
+    fraction: float,
+    interpolate: bool = False,
+    labels: str = "",
 ) -> float:
-    """A quantile (upper bucket bound) of the growth of histogram `name` over all replicas."""
+    """A quantile of the growth of histogram `name` (the series that carry `labels`) over all
+    replicas: the upper bound of its bucket, or interpolated within it as Prometheus'
+    histogram_quantile does."""
     buckets: dict[float, float] = {}
     for replica, values in after.items():
         for key, value in values.items():
-            if key.startswith(name + "_bucket{") and 'le="' in key:
+            if key.startswith(name + "_bucket{") and 'le="' in key and labels in key:
                 bound = key.split('le="', 1)[1].split('"', 1)[0]
                 upper = math.inf if bound == "+Inf" else float(bound)
                 growth = value - before.get(replica, {}).get(key, 0.0)
@@ -516,14 +534,19 @@ def histogram_quantile(
     total = buckets.get(math.inf, 0.0)
     if not total:
         return 0.0
+    lower, below = 0.0, 0.0
     for upper in sorted(buckets):
         if buckets[upper] >= fraction * total:
-            return upper
+            if not interpolate or math.isinf(upper):
+                return upper
+            inside = buckets[upper] - below
+            return lower + (upper - lower) * (fraction * total - below) / inside if inside else upper
+        lower, below = upper, buckets[upper]
     return math.inf
 
 
 async def e2e_pair(
-    cluster: Cluster, webhook: Webhook | FloorWebhook, quota_of: Any, count: int, concurrency: int
+    cluster: Cluster, webhook: Webhook, quota_of: Any, count: int, concurrency: int
 ) -> tuple[list[float], list[float], int, dict[str, float]]:
     """Creates without the webhook, then (started for this) with it, each in a fresh namespace and only
     once the previous one is gone. Returns (without, with, admitted with, figures of the webhook)."""
@@ -564,6 +587,18 @@ async def e2e_pair(
             metrics_before, metrics_after, 'gpuforge_quota_forwarded_total{result="answered"}'
         ),
         "leader_ms": _answer_mean_ms(metrics_before, metrics_after, leader=True),
+        **{
+            f"answer_p{round(fraction * 100)}_ms": histogram_quantile(
+                metrics_before,
+                metrics_after,
+                "gpuforge_quota_admission_duration_seconds",
+                fraction,
+                interpolate=True,
+                labels='webhook="workloads"',
+            )
+            * 1000
+            for fraction in (0.5, 0.99)
+        },
         "follower_ms": _answer_mean_ms(metrics_before, metrics_after, leader=False),
         "writes_per_create": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="written"}'
@@ -571,6 +606,153 @@ async def e2e_pair(
         / max(1, len(guarded)),
     }
     return plain, guarded, admitted, figures
+
+
+ROUNDS = 3
+# Creates per arm and round: 450/900/1200 per arm in all at c=1/8/32, so a p99 is not one or two creates.
+PER_ROUND = {1: 150, 8: 300, 32: 400}
+OURS, NONE, FLOOR = "webhook", "no webhook", "reference allow-all Go webhook"
+
+
+async def e2e_rounds(
+    cluster: Cluster,
+    webhook: Webhook,
+    arms: dict[str, Registration | None],
+    quotas: list[str],
+    concurrency: int,
+) -> tuple[dict[str, list[list[float]]], dict[str, float]]:
+    """Creates through the API server in ROUNDS rounds of one arm each (no webhook registered, ours, the
+    reference), the order rotating each round, each arm in a namespace of its own for all rounds. Both
+    webhooks keep running: an arm registers its webhook's configurations and removes them after.
+    Returns each arm's latencies per round, and figures of our webhook over its arms.
+
+    Only our arm names real quotas; the others name quotas that do not exist, so that our usage
+    controller (which sees every labelled workload) does no accounting and no status writes while they
+    run; it still decodes their watch events, whose CPU is reported."""
+    names = list(arms)
+    spaces = {arm: await namespace(cluster) for arm in names}
+    samples: dict[str, list[list[float]]] = {arm: [] for arm in names}
+    cpu = {arm: 0.0 for arm in names}
+    seconds = calls = 0.0
+    calls_without = 0.0
+    metrics_before = await replica_metrics(webhook)
+    for round_ in range(ROUNDS):
+        for arm in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            registration = arms[arm]
+            quota_of = (
+                (lambda i: quotas[i % len(quotas)])
+                if arm == OURS
+                else (lambda i: f"bench-nowhere-{i % len(quotas)}")
+            )
+            if registration is not None:
+                registration.register()
+            try:
+                await warm_up(cluster, spaces[arm], quota_of, concurrency)
+                seconds_before, calls_before = await webhook_seconds(cluster)
+                cpu_before = webhook.cpu_seconds()
+                latencies, _ = await timed_creates(
+                    cluster, spaces[arm], quota_of, PER_ROUND[concurrency], concurrency, prefix=f"r{round_}-"
+                )
+                cpu[arm] += webhook.cpu_seconds() - cpu_before
+                seconds_after, calls_after = await webhook_seconds(cluster)
+            finally:
+                if registration is not None:
+                    registration.unregister()
+            samples[arm].append(latencies)
+            if arm == OURS:
+                seconds += seconds_after - seconds_before
+                calls += calls_after - calls_before
+            elif registration is None:
+                calls_without += calls_after - calls_before
+    await asyncio.sleep(0.5)  # the last admissions' writes
+    metrics_after = await replica_metrics(webhook)
+    await asyncio.gather(*(drop_namespace(cluster, space) for space in spaces.values()))
+    creates = ROUNDS * PER_ROUND[concurrency]
+    figures = {
+        "apiserver_ms": seconds / max(1.0, calls) * 1000,
+        "calls_without": calls_without,
+        "cpu_ms": cpu[OURS] / creates * 1000,
+        "cpu_other_ms": sum(value for arm, value in cpu.items() if arm != OURS)
+        / creates
+        / (len(names) - 1)
+        * 1000,
+        "forwarded": metric_delta(
+            metrics_before, metrics_after, 'gpuforge_quota_forwarded_total{result="answered"}'
+        )
+        / creates,
+        "leader_ms": _answer_mean_ms(metrics_before, metrics_after, leader=True),
+        "writes_per_create": metric_delta(
+            metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="written"}'
+        )
+        / creates,
+        **{
+            f"answer_p{round(fraction * 100)}_ms": histogram_quantile(
+                metrics_before,
+                metrics_after,
+                "gpuforge_quota_admission_duration_seconds",
+                fraction,
+                interpolate=True,
+                labels='webhook="workloads"',
+            )
+            * 1000
+            for fraction in (0.5, 0.99)
+        },
+    }
+    return samples, figures
+
+
+def rounds_results(
+    results: list[dict[str, Any]],
+    concurrency: int,
+    samples: dict[str, list[list[float]]],
+    figures: dict[str, float],
+) -> None:
+    what = f"{MANY_QUOTAS} quotas"
+    pooled = {arm: [x for latencies in rounds for x in latencies] for arm, rounds in samples.items()}
+    for arm, latencies in pooled.items():
+        latency_results(results, f"e2e create, {what}, {arm}, c={concurrency}", latencies)
+    for arm, target in ((OURS, 2.0), (FLOOR, None)):
+        results.append(
+            result(
+                f"e2e p99 {arm} / no webhook, {what}, {ROUNDS} rounds pooled, c={concurrency}",
+                percentile(pooled[arm], 0.99) / percentile(pooled[NONE], 0.99),
+                "x",
+                target,
+            )
+        )
+        per_round = sorted(
+            percentile(mine, 0.99) / percentile(plain, 0.99)
+            for mine, plain in zip(samples[arm], samples[NONE], strict=True)
+        )
+        results.append(
+            result(
+                f"e2e p99 {arm} / no webhook, {what}, median of rounds, c={concurrency}",
+                per_round[len(per_round) // 2],
+                "x",
+            )
+        )
+        results.append(
+            result(f"e2e p99 {arm} / no webhook, {what}, highest round, c={concurrency}", per_round[-1], "x")
+        )
+    for percent, target in ((50, None), (99, 10.0)):
+        results.append(
+            result(
+                f"webhook admission p{percent} at the webhook, {what}, c={concurrency}",
+                figures[f"answer_p{percent}_ms"],
+                "ms",
+                target,
+            )
+        )
+    for name, key, unit in (
+        ("webhook call as the API server times it, mean", "apiserver_ms", "ms"),
+        ("webhook answer time inside the leader, mean", "leader_ms", "ms"),
+        ("webhook CPU per create (2 replicas)", "cpu_ms", "ms"),
+        ("webhook CPU per create in the other arms (watch events only)", "cpu_other_ms", "ms"),
+        ("status writes per create", "writes_per_create", "writes"),
+        ("creates forwarded by the follower", "forwarded", "share"),
+        ("webhook calls in the arms without a webhook (must be 0)", "calls_without", "calls"),
+    ):
+        results.append(result(f"{name}, c={concurrency}", figures[key], unit))
 
 
 def _answer_mean_ms(
@@ -621,73 +803,51 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
         contended_quotas: list[str] = []
         await cluster.call("POST", "/api/v1/namespaces", {"metadata": {"name": "bench-direct"}})
         try:
+            # Many quotas: interleaved rounds, both webhooks running, registered in turn.
+            webhook.start()
+            floor.start()
+            try:
+                await settled(webhook)
+                ours = Registration(kubeconfig, webhook.configurations())
+                ours.unregister()  # registered by its first replica; from now on only for its arms
+                arms = {NONE: None, OURS: ours, FLOOR: Registration(kubeconfig, floor.configurations())}
+                for concurrency in CONCURRENCY:
+                    loads.append(os.getloadavg()[0])
+                    samples, figures = await e2e_rounds(cluster, webhook, arms, many, concurrency)
+                    rounds_results(results, concurrency, samples, figures)
+                # Posted straight to each replica and to the reference (not through the API server).
+                metrics = await replica_metrics(webhook)
+                ports = sorted(metrics, key=lambda port: -metrics[port].get("gpuforge_quota_leader", 0.0))
+                for dry_run in (False, True):
+                    kind = "dry-run admission" if dry_run else "admission"
+                    for port, where in zip(ports, ("to the leader", "to the follower"), strict=True):
+                        for concurrency in CONCURRENCY:
+                            latencies = await direct_admissions(
+                                f"https://127.0.0.1:{port}",
+                                many,
+                                100 * concurrency // 4 + 100,
+                                concurrency,
+                                dry_run=dry_run,
+                            )
+                            latency_results(
+                                results,
+                                f"webhook {kind} posted {where}, {MANY_QUOTAS} quotas, c={concurrency}",
+                                latencies,
+                            )
+                for concurrency in CONCURRENCY:
+                    latencies = await direct_admissions(
+                        floor.url, many, 100 * concurrency // 4 + 100, concurrency
+                    )
+                    latency_results(
+                        results, f"reference allow-all Go webhook, posted to, c={concurrency}", latencies
+                    )
+            finally:
+                floor.stop()
+                webhook.stop()
+
+            # One contended quota: twice as many creates as it holds, in pairs (without, then with).
             for concurrency in CONCURRENCY:
                 loads.append(os.getloadavg()[0])
-                plain, guarded, _, figures = await e2e_pair(
-                    cluster,
-                    webhook,
-                    lambda i: many[i % MANY_QUOTAS],
-                    creates_at(concurrency),
-                    concurrency,
-                )
-                pair_results(results, f"{MANY_QUOTAS} quotas", concurrency, plain, guarded)
-                plain, floored, _, figures_floor = await e2e_pair(
-                    cluster, floor, lambda i: many[i % MANY_QUOTAS], creates_at(concurrency), concurrency
-                )
-                what = f"{MANY_QUOTAS} quotas, reference allow-all Go webhook"
-                pair_results(results, what, concurrency, plain, floored, target=None)  # a reference
-                results.append(
-                    result(
-                        f"reference webhook call as the API server times it, mean, c={concurrency}",
-                        figures_floor["apiserver_ms"],
-                        "ms",
-                    )
-                )
-                results.append(
-                    result(
-                        f"webhook call as the API server times it, mean, c={concurrency}",
-                        figures["apiserver_ms"],
-                        "ms",
-                    )
-                )
-                results.append(
-                    result(
-                        f"webhook answer time inside the leader, mean, c={concurrency}", figures["leader_ms"], "ms"
-                    )
-                )
-                results.append(
-                    result(
-                        f"webhook answer time inside the follower (forwarding), mean, c={concurrency}",
-                        figures["follower_ms"],
-                        "ms",
-                    )
-                )
-                results.append(
-                    result(f"webhook CPU per create (2 replicas), c={concurrency}", figures["cpu_ms"], "ms")
-                )
-                results.append(
-                    result(
-                        f"admission to its status write, p99 (write-behind), c={concurrency}",
-                        figures["write_behind_p99_ms"],
-                        "ms",
-                    )
-                )
-                results.append(
-                    result(
-                        f"status writes per create (usage recomputes too), c={concurrency}",
-                        figures["writes_per_create"],
-                        "writes",
-                    )
-                )
-                results.append(
-                    result(
-                        f"creates forwarded by the follower, c={concurrency}",
-                        figures["forwarded"] / max(1, len(guarded)),
-                        "share",
-                    )
-                )
-
-                # One contended quota: twice as many creates as it holds.
                 hard = 50
                 contended = f"bench-contended-{uuid.uuid4().hex[:6]}"
                 contended_quotas.append(contended)
@@ -695,9 +855,11 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                 plain, guarded, admitted, figures = await e2e_pair(
                     cluster, webhook, lambda i, name=contended: name, 2 * hard, concurrency
                 )
-                _status, quota = await cluster.call("GET", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{contended}")
+                _status, quota = await cluster.call(
+                    "GET", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{contended}"
+                )
                 used = int(((quota or {}).get("status") or {}).get("used", {}).get(GPU, "0"))
-                pair_results(results, "one contended quota", concurrency, plain, guarded)
+                pair_results(results, "one contended quota", concurrency, plain, guarded, target=None)
                 results[-2]["target"], results[-2]["ok"] = 100.0, results[-2]["value"] <= 100.0
                 results.append(
                     result(
@@ -724,42 +886,6 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                         "writes",
                     )
                 )
-
-            webhook.start()
-            try:
-                await settled(webhook)
-                metrics = await replica_metrics(webhook)
-                ports = sorted(metrics, key=lambda port: -metrics[port].get("gpuforge_quota_leader", 0.0))
-                for dry_run in (False, True):
-                    kind = "dry-run admission" if dry_run else "admission"
-                    for port, where in zip(ports, ("at the leader", "through the follower"), strict=True):
-                        for concurrency in CONCURRENCY:
-                            latencies = await direct_admissions(
-                                f"https://127.0.0.1:{port}",
-                                many,
-                                100 * concurrency // 4 + 100,
-                                concurrency,
-                                dry_run=dry_run,
-                            )
-                            latency_results(
-                                results,
-                                f"webhook {kind} {where}, {MANY_QUOTAS} quotas, c={concurrency}",
-                                latencies,
-                                10.0,
-                            )
-            finally:
-                webhook.stop()
-            floor.start()
-            try:
-                for concurrency in CONCURRENCY:
-                    latencies = await direct_admissions(
-                        floor.url, many, 100 * concurrency // 4 + 100, concurrency
-                    )
-                    latency_results(
-                        results, f"reference allow-all Go webhook, posted to, c={concurrency}", latencies
-                    )
-            finally:
-                floor.stop()
         finally:
             for name in [*many, *contended_quotas]:
                 await cluster.call("DELETE", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{name}")

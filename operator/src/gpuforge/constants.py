@@ -25,6 +25,9 @@ COMPONENT_DEVICE_PLUGIN: Final = "device-plugin"
 COMPONENT_DRA_KUBELET_PLUGIN: Final = "dra-kubelet-plugin"
 COMPONENT_DRA_CONTROLLER: Final = "dra-controller"
 COMPONENT_QUOTA_WEBHOOK: Final = "quota-webhook"
+# Set by each quota webhook replica on its own pod: "true" while it takes the API server's calls (the
+# leader; any replica while no leader does), which the webhook's Service selects (webhook.routing).
+QUOTA_WEBHOOK_ENDPOINT_LABEL: Final = f"{GROUP}/quota-webhook-endpoint"
 PLUGIN_COMPONENTS: Final = frozenset({COMPONENT_DEVICE_PLUGIN, COMPONENT_DRA_KUBELET_PLUGIN})
 
 # --- Per-node gating: a plugin DaemonSet only runs where its deploy label is "true" ------------

@@ -286,6 +286,18 @@ class QuotaApi:
     def _lease_path(namespace: str, name: str | None = None) -> str:
         return Resource("/apis/coordination.k8s.io/v1", "leases", True).path(namespace, name)
 
+    async def label_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        """Set one label on a pod (a merge patch: other labels stay as they are)."""
+        result = await self._request(
+            "PATCH",
+            f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+            body={"metadata": {"labels": {key: value}}},
+            params={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+        )
+        if result is None:
+            raise ApiError(404, f"pod {namespace}/{name} not found")
+
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._request("GET", self._lease_path(namespace, name))
 

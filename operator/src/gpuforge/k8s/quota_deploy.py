@@ -40,13 +40,17 @@ PLURALS: Mapping[str, str] = {
     "ClusterRole": "clusterroles",
     "ClusterRoleBinding": "clusterrolebindings",
     "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
     "Secret": "secrets",
     "Service": "services",
     "Deployment": "deployments",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
 }
-NAMESPACED = frozenset({"ServiceAccount", "Secret", "Service", "Deployment", "PodDisruptionBudget"})
+NAMESPACED = frozenset(
+    {"ServiceAccount", "Role", "RoleBinding", "Secret", "Service", "Deployment", "PodDisruptionBudget"}
+)
 # As in gpuforge.k8s.stack: unchanged objects are re-applied (drift) at most this often.
 RESYNC_SECONDS = 25.0
 _last_applied: dict[str, tuple[str, float]] = {}  # stack uid -> (digest of what was applied, when)

@@ -25,6 +25,8 @@ from typing import Any, Final
 LEASE_API_VERSION: Final = "coordination.k8s.io/v1"
 # Where the holder serves (https://<pod IP>:<port>): followers forward admission requests there.
 LEADER_ENDPOINT_ANNOTATION: Final = "gpuforge.io/leader-endpoint"
+# Set by a holder that has made itself the only endpoint of the webhook's address (`takes_calls`).
+LEADER_ROUTED_ANNOTATION: Final = "gpuforge.io/leader-routed"
 _MICRO_TIME: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
@@ -47,6 +49,7 @@ class LeaseRecord:
     transitions: int
     resource_version: str
     endpoint: str = ""  # the holder's LEADER_ENDPOINT_ANNOTATION
+    routed: bool = False  # the holder's LEADER_ROUTED_ANNOTATION: it takes the API server's calls itself
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def lease_record(obj: Mapping[str, Any] | None) -> LeaseRecord | None:
         transitions=int(spec.get("leaseTransitions") or 0),
         resource_version=str((obj.get("metadata") or {}).get("resourceVersion") or ""),
         endpoint=str(annotations.get(LEADER_ENDPOINT_ANNOTATION) or ""),
+        routed=annotations.get(LEADER_ROUTED_ANNOTATION) == "true",
     )
 
 
@@ -261,3 +265,14 @@ class Gate:
         if self.role is Role.SYNCING:
             return "a new GpuQuota leader is reading quotas and workloads"
         return "the GpuQuota leader is shutting down and handing over"
+
+
+def takes_calls(role: Role, other_holder: str, holder_routed: bool) -> bool:
+    """Whether this replica should be an endpoint of the webhook's address, when calls are routed to
+    the leader: the leader always is; a follower only while no other holder says it takes the calls
+    itself (no leader yet, the Lease released, or a leader that does not route, such as an older
+    version during an upgrade). Followers still forward what reaches them, so this only spares the
+    API server's calls a hop; it never decides who admits."""
+    if role is not Role.FOLLOWER:
+        return True
+    return not (other_holder and holder_routed)

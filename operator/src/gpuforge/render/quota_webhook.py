@@ -36,6 +36,7 @@ from gpuforge.constants import (
     GROUP,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
+    QUOTA_WEBHOOK_ENDPOINT_LABEL,
     STACK_LABEL,
 )
 from gpuforge.render.certs import CertPlan, KeyPair, service_dns_names
@@ -53,6 +54,7 @@ NAME: Final = "gpuforge-quota-webhook"  # Deployment, Service, PodDisruptionBudg
 CA_SECRET: Final = "gpuforge-quota-webhook-ca"
 TLS_SECRET: Final = "gpuforge-quota-webhook-tls"
 CLUSTER_ROLE: Final = "gpuforge:quota-webhook"  # and its ClusterRoleBinding
+ENDPOINT_ROLE: Final = "gpuforge:quota-webhook-endpoint"  # Role and RoleBinding in the webhook's namespace
 CONFIGURATION_PREFIX: Final = "gpuforge-quota"
 CONFIGURATIONS: Final = (f"{CONFIGURATION_PREFIX}-workloads", f"{CONFIGURATION_PREFIX}-tree")
 PORT: Final = 8443
@@ -210,6 +212,11 @@ WEBHOOK_RULES: Final = (
 )
 
 
+# In the webhook's namespace only: each replica labels its own pod QUOTA_WEBHOOK_ENDPOINT_LABEL, which the
+# Service selects, so the API server calls the leader and not a follower that would forward the call.
+ENDPOINT_RULES: Final = (_rule("", ["pods"], ["patch"]),)
+
+
 def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
     stack, quota = inp.stack, inp.stack.spec.quota
     probe: dict[str, Any] = {
@@ -230,6 +237,8 @@ def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
             f"--ca={TLS_DIR}/ca.crt",
             # The configurations' timeoutSeconds: a new leader waits it out (docs/quota.md, Concurrency).
             f"--timeout={DEFAULT_TIMEOUT_SECONDS}",
+            # The Service reaches the leader only (a follower steps out by its pod's label).
+            "--route=pod-label",
         ],
         # The Lease holder's identity, and the address followers forward to.
         "env": [
@@ -303,7 +312,9 @@ def _deployment(inp: QuotaInput, namespace: str) -> Manifest:
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
                 "metadata": {
-                    "labels": _labels(stack),
+                    # Every replica starts as an endpoint: one that has not decided yet (or an older
+                    # version during an upgrade, which never labels itself) still takes calls.
+                    "labels": {**_labels(stack), QUOTA_WEBHOOK_ENDPOINT_LABEL: "true"},
                     # /metrics is served on the webhook's HTTPS port.
                     "annotations": {
                         "prometheus.io/scrape": "true",
@@ -338,6 +349,19 @@ def _service_mode_objects(inp: QuotaInput, certs: CertPlan, namespace: str) -> l
         },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(stack, NAME, namespace)},
         {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(stack, ENDPOINT_ROLE, namespace),
+            "rules": [dict(rule) for rule in ENDPOINT_RULES],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(stack, ENDPOINT_ROLE, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ENDPOINT_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
+        },
+        {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": _meta(stack, CA_SECRET, namespace),
@@ -360,7 +384,7 @@ def _service_mode_objects(inp: QuotaInput, certs: CertPlan, namespace: str) -> l
             "kind": "Service",
             "metadata": _meta(stack, NAME, namespace),
             "spec": {
-                "selector": _selector(stack),
+                "selector": {**_selector(stack), QUOTA_WEBHOOK_ENDPOINT_LABEL: "true"},
                 "ports": [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}],
             },
         },
@@ -425,6 +449,8 @@ def quota_refs(namespace: str) -> list[QuotaRef]:
         ("v1", "Service", namespace, NAME),
         ("v1", "Secret", namespace, TLS_SECRET),
         ("v1", "Secret", namespace, CA_SECRET),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", namespace, ENDPOINT_ROLE),
+        ("rbac.authorization.k8s.io/v1", "Role", namespace, ENDPOINT_ROLE),
         ("v1", "ServiceAccount", namespace, NAME),
         ("rbac.authorization.k8s.io/v1", "ClusterRole", "", CLUSTER_ROLE),
         # Last: its subject records the namespace of the objects above (gpuforge.k8s.quota_deploy).

@@ -29,6 +29,7 @@ import aiohttp
 from gpuforge.k8s.quota import ApiError, Conflict, QuotaApi
 from gpuforge.quota.leader import (
     LEADER_ENDPOINT_ANNOTATION,
+    LEADER_ROUTED_ANNOTATION,
     Action,
     Takeover,
     decide,
@@ -63,6 +64,9 @@ class LeaderElector:
     name: str
     identity: str = field(default_factory=default_identity)
     endpoint: str = ""  # where this replica serves, published while it leads
+    # Whether this replica has made itself the only endpoint of the webhook's address (webhook.routing);
+    # published while it leads, so followers stop taking calls.
+    routed: Callable[[], bool] = lambda: False
     clock: Clock = utc_now
     duration: timedelta = timedelta(seconds=15)
     renew_seconds: float = 5.0  # a leader renews this often
@@ -80,6 +84,7 @@ class LeaderElector:
     _leading: bool = False
     _holder: str = ""
     _leader_endpoint: str = ""
+    _holder_routed: bool = False
     _seen_version: str = ""
     _seen_at: float | None = None  # loop time this replica first saw the Lease at _seen_version
     _last: dict[str, Any] | None = None
@@ -104,6 +109,11 @@ class LeaderElector:
         """Where the holder serves, as last read (empty: no holder, or it published none)."""
         return self._leader_endpoint
 
+    @property
+    def holder_routed(self) -> bool:
+        """Whether the holder, as last read, takes the API server's calls itself."""
+        return self._holder_routed
+
     def poke(self) -> None:
         """Read the Lease again soon (a forwarded request found no leader where the last read said)."""
         self._wake.set()
@@ -124,13 +134,16 @@ class LeaderElector:
         if leading and how is not None and self.on_lead is not None:
             self.on_lead(how, self._leading_until)
 
-    def _note_holder(self, holder: str, endpoint: str) -> None:
+    def _note_holder(self, holder: str, endpoint: str, routed: bool) -> None:
         if holder != self._holder:
             log.info("Lease %s/%s held by %s", self.namespace, self.name, holder or "nobody")
-        self._holder, self._leader_endpoint = holder, endpoint
+        self._holder, self._leader_endpoint, self._holder_routed = holder, endpoint, bool(holder) and routed
 
     def _annotations(self) -> dict[str, str]:
-        return {LEADER_ENDPOINT_ANNOTATION: self.endpoint} if self.endpoint else {}
+        annotations = {LEADER_ENDPOINT_ANNOTATION: self.endpoint} if self.endpoint else {}
+        if self.routed():
+            annotations[LEADER_ROUTED_ANNOTATION] = "true"
+        return annotations
 
     async def step(self) -> None:
         """One read-decide-write round."""
@@ -150,19 +163,22 @@ class LeaderElector:
             leading=leading,
         )
         if decision.action in (Action.WAIT, Action.LOST):
-            self._note_holder(decision.holder, record.endpoint if record is not None else "")
+            self._note_holder(
+                decision.holder,
+                record.endpoint if record is not None else "",
+                record is not None and record.routed,
+            )
             self._set_leading(False)
             return
         assert decision.spec is not None
+        annotations = self._annotations()
         try:
             if decision.action is Action.CREATE:
-                written = await self.api.create_lease(
-                    self.namespace, self.name, decision.spec, self._annotations()
-                )
+                written = await self.api.create_lease(self.namespace, self.name, decision.spec, annotations)
             else:
                 assert record is not None
                 written = await self.api.replace_lease(
-                    self.namespace, self.name, version, decision.spec, self._annotations()
+                    self.namespace, self.name, version, decision.spec, annotations
                 )
         except Conflict:  # another replica wrote first: read again next round
             self._set_leading(False)
@@ -171,7 +187,7 @@ class LeaderElector:
         self._seen_version = str((written.get("metadata") or {}).get("resourceVersion") or "")
         self._seen_at = self._now()
         self._leading_until = started + self.renew_deadline.total_seconds()
-        self._note_holder(self.identity, self.endpoint)
+        self._note_holder(self.identity, self.endpoint, LEADER_ROUTED_ANNOTATION in annotations)
         self._set_leading(True, takeover(decision.action, record, leading))
 
     async def run(self) -> None:

@@ -21,7 +21,25 @@ ADMISSION_LATENCY: Final = Histogram(
     "Time to answer an admission request, measured inside the webhook (on a follower, forwarding to the "
     "leader included).",
     ["webhook"],
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    # Fine below 20 ms, where the target of docs/quota.md ("Measured") is.
+    buckets=(
+        0.0005,
+        0.001,
+        0.002,
+        0.003,
+        0.005,
+        0.0075,
+        0.01,
+        0.015,
+        0.02,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1.0,
+        2.5,
+        5.0,
+    ),
     registry=REGISTRY,
 )
 BAD_REVIEWS: Final = Counter(

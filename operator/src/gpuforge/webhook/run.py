@@ -38,6 +38,7 @@ from gpuforge.webhook.forward import Forwarder
 from gpuforge.webhook.leader import LeaderElector, default_identity, default_namespace
 from gpuforge.webhook.leadership import Leadership
 from gpuforge.webhook.manifests import ClientTarget, FailurePolicy, render_webhook_configurations
+from gpuforge.webhook.routing import Endpoint, PodLabel, RouteMode, Router, SharedPort
 from gpuforge.webhook.server import CertReloader, make_app, serving
 from gpuforge.webhook.writeback import WriteBehind
 
@@ -81,6 +82,10 @@ class WebhookOptions:
     # An extra port serving the same endpoints (replicas sharing one address, as the benchmark runs
     # them, each need their own for forwarding).
     peer_port: int | None = None
+    # How the API server's calls reach the leader only (webhook.routing): "pod-label" (in a cluster: the
+    # Service selects the label; needs $POD_NAME), "shared-port" (replicas on one host sharing `port`),
+    # or "none" (every replica takes calls; followers forward). Only with leader election.
+    route: RouteMode = "none"
 
 
 @dataclass
@@ -187,15 +192,27 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
             if elector is not None
             else None
         )
+        route = options.route if elector is not None else "none"
+        if route == "shared-port" and (options.port == 0 or options.peer_port is None):
+            raise ValueError("shared-port routing needs a fixed --port and a --peer-port to forward on")
+        pod = _pod_name() if route == "pod-label" else ""
+        router: Router | None = None
         registered: list[str] = []
         tasks: list[asyncio.Task[None]] = []
         try:
             if options.crd_file is not None:
                 await apply_crd(api, options.crd_file)
             ports = [options.port] + ([options.peer_port] if options.peer_port is not None else [])
+            app = make_app(handlers, forwarder, lambda: router is not None and router.sheds_connections())
             async with serving(
-                make_app(handlers, forwarder), options.host, ports, reloader, options.reuse_port
-            ) as bound:
+                app,
+                options.host,
+                ports,
+                reloader,
+                options.reuse_port or route == "shared-port",
+                defer_first=route == "shared-port",
+            ) as served:
+                bound = served.ports
                 url = f"https://{options.host}:{bound[0]}"
                 if options.register:
                     target = ClientTarget(ca_bundle=ca_bundle, url=url)
@@ -212,6 +229,15 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                 tasks.append(asyncio.create_task(controller.run()))
                 if elector is not None:
                     elector.endpoint = f"https://{advertised_host(options)}:{bound[-1]}"
+                    if route != "none":
+                        endpoint: Endpoint = (
+                            SharedPort(served.runner, options.host, options.port, reloader.context)
+                            if route == "shared-port"
+                            else PodLabel(api, default_namespace(), pod)
+                        )
+                        router = Router(endpoint, leadership, elector)
+                        elector.routed = router.routed
+                        tasks.append(asyncio.create_task(router.run()))
                     tasks.append(asyncio.create_task(elector.run()))
                 else:
                     leadership.start()
@@ -232,6 +258,13 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
             if forwarder is not None:
                 await forwarder.close()
             await api.close()
+
+
+def _pod_name() -> str:
+    name = os.environ.get("POD_NAME")
+    if not name:
+        raise ValueError("pod-label routing needs $POD_NAME (the downward API: metadata.name)")
+    return name
 
 
 async def _hand_over(leadership: Leadership, writer: WriteBehind, elector: LeaderElector | None) -> None:

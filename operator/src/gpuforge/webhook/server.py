@@ -66,8 +66,14 @@ def _answer(review: AdmissionRequest, decision: Decision) -> dict[str, Any]:
     return review_response(review, True)
 
 
-def make_app(handlers: AdmissionHandlers, forwarder: Forwarder | None = None) -> web.Application:
-    """The webhook's routes. With a `forwarder`, a follower sends what needs the ledger to the leader."""
+def make_app(
+    handlers: AdmissionHandlers,
+    forwarder: Forwarder | None = None,
+    sheds_connections: Callable[[], bool] = lambda: False,
+) -> web.Application:
+    """The webhook's routes. With a `forwarder`, a follower sends what needs the ledger to the leader.
+    While `sheds_connections()` (calls are routed to the leader, webhook.routing), a follower closes each
+    connection a caller made to it after answering, so the caller's next connection reaches the leader."""
     app = web.Application(client_max_size=MAX_BODY_BYTES + 1)
 
     def endpoint(name: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -97,7 +103,10 @@ def make_app(handlers: AdmissionHandlers, forwarder: Forwarder | None = None) ->
                 metrics.ADMISSIONS.labels(name, _result(decision)).inc()
                 response = _answer(review, decision)
             metrics.ADMISSION_LATENCY.labels(name).observe(time.perf_counter() - started)
-            return web.Response(text=json.dumps(response), content_type="application/json")
+            answer = web.Response(text=json.dumps(response), content_type="application/json")
+            if FORWARDED_HEADER not in request.headers and sheds_connections():
+                answer.force_close()
+            return answer
 
         return serve
 
@@ -185,19 +194,32 @@ def _stat(path: Path) -> tuple[int, int, int]:
     return info.st_ino, info.st_mtime_ns, info.st_size
 
 
+@dataclass
+class Served:
+    ports: list[int]  # as bound (a port given as 0 is the one picked)
+    runner: web.AppRunner  # to add a site later (webhook.routing.SharedPort)
+
+
 @contextlib.asynccontextmanager
 async def serving(
-    app: web.Application, host: str, ports: Sequence[int], reloader: CertReloader, reuse_port: bool = False
-) -> AsyncIterator[list[int]]:
-    """Serve `app` over TLS on each of `ports` until the block exits; yields the bound ports (0 picks a
-    free one).
+    app: web.Application,
+    host: str,
+    ports: Sequence[int],
+    reloader: CertReloader,
+    reuse_port: bool = False,
+    defer_first: bool = False,
+) -> AsyncIterator[Served]:
+    """Serve `app` over TLS on each of `ports` until the block exits (0 picks a free port).
 
     `reuse_port` lets several replicas on one host share the first port, the kernel spreading connections
-    over them as a Service does over pods (the benchmark runs two replicas that way)."""
+    over them as a Service does over pods (the benchmark runs two replicas that way). With `defer_first`
+    the first port is not bound here: routing binds it while this replica takes calls."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    bound: list[int] = []
+    bound: list[int] = [ports[0]] if defer_first else []
     for index, port in enumerate(ports):
+        if defer_first and index == 0:
+            continue
         site = web.TCPSite(
             runner,
             host,
@@ -212,7 +234,7 @@ async def serving(
         bound.append(int(sockets[0].getsockname()[1]) if sockets else port)
     watcher = asyncio.create_task(reloader.watch())
     try:
-        yield bound
+        yield Served(bound, runner)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -422,7 +422,8 @@ def test_every_quota_permission_is_used(cluster: Any, operator: Operator) -> Non
     docs = list(yaml.safe_load_all((DEPLOY / "rbac-quota.yaml").read_text()))
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     shipped = {(v, r) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    delegated = {(v, r) for rule in q.WEBHOOK_RULES for r in rule["resources"] for v in rule["verbs"]}
+    rules = (*q.WEBHOOK_RULES, *q.ENDPOINT_RULES)
+    delegated = {(v, r) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
     used: set[tuple[str, str]] = set()
     for line in operator.metrics().splitlines():
         match = re.match(r"gpuforge_api_requests_total\{(.*)\} ([0-9.e+]+)$", line)

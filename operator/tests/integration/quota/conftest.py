@@ -80,6 +80,8 @@ class WebhookProcess:
         elect: bool = False,
         certificates: Certificates | None = None,
         lease_name: str = "",
+        route: str = "none",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.port = _free_port()
@@ -89,6 +91,8 @@ class WebhookProcess:
         self.elect = elect
         self.certificates = certificates
         self.lease_name = lease_name
+        self.route = route
+        self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -127,10 +131,14 @@ class WebhookProcess:
             command.append("--leader-elect")
         if self.lease_name:
             command += ["--lease-name", self.lease_name]
+        if self.route != "none":
+            command += ["--route", self.route]
         if self.certificates is not None:
             certs = self.certificates
             command += ["--cert", str(certs.cert), "--key", str(certs.key), "--ca", str(certs.ca)]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
         self.wait_log("serving on", 60)
         if wait_admitting:
             # Its first wait: the previous process's admissions (10 s), or a new Lease's (16 s).

@@ -1,6 +1,7 @@
 """Two webhook replicas on the real local control plane: one leader (through a coordination.k8s.io
 Lease) decides every admission from its ledger; the other forwards to it. Killed mid-race, the leader
-is replaced after the Lease expires and the new one's wait, and the quota is never exceeded."""
+is replaced after the Lease expires and the new one's wait, and the quota is never exceeded. With
+pod-label routing, the webhook's Service reaches the leader only."""
 
 from __future__ import annotations
 
@@ -150,3 +151,93 @@ def test_a_leader_stopped_cleanly_hands_over_at_once_and_usage_stays_right(
     wait_for(lambda: quotas.used("lead") == "2", message="usage 2 after the handover")
     apps.create_namespaced_deployment(namespace, deployment("after", quotas.name("lead")))
     wait_for(lambda: quotas.used("lead") == "3", message="usage 3")
+
+
+def test_with_pod_label_routing_the_service_reaches_the_leader_only(
+    dev_cluster: Any, namespace: str, api_client: Any, tmp_path: Path
+) -> None:
+    """Two pods stand for the replicas' pods (kwok runs them: Ready, with an IP) behind a Service that
+    selects the endpoint label as the operator renders it; each replica process is told its pod's name
+    as the downward API would. The endpoint controller then keeps the leader's pod only."""
+    core, discovery = client.CoreV1Api(api_client), client.DiscoveryV1Api(api_client)
+    label = "gpuforge.io/quota-webhook-endpoint"
+    for name in ("hook-a", "hook-b"):
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": name, "labels": {"app": "hook", label: "true"}},  # as the template
+                "spec": {
+                    "containers": [
+                        {"name": "webhook", "image": "gpuforge", "ports": [{"containerPort": 8443}]}
+                    ],
+                    "tolerations": [{"operator": "Exists"}],
+                },
+            },
+        )
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "hook"},
+            "spec": {
+                "selector": {"app": "hook", label: "true"},
+                "ports": [{"port": 443, "targetPort": 8443}],
+            },
+        },
+    )
+
+    def pod_ip(name: str) -> str:
+        return str(core.read_namespaced_pod(name, namespace).status.pod_ip or "")
+
+    def endpoints() -> set[str]:
+        slices = discovery.list_namespaced_endpoint_slice(
+            namespace, label_selector="kubernetes.io/service-name=hook"
+        ).items
+        return {
+            address
+            for piece in slices
+            for endpoint in piece.endpoints or []
+            if endpoint.conditions and endpoint.conditions.ready
+            for address in endpoint.addresses
+        }
+
+    wait_for(lambda: pod_ip("hook-a") and pod_ip("hook-b"), message="both pods running")
+    wait_for(lambda: endpoints() == {pod_ip("hook-a"), pod_ip("hook-b")}, message="both pods as endpoints")
+    certificates = Certificates.issue(tmp_path)
+    lease = f"q-route-{uuid.uuid4().hex[:6]}"
+    replicas = {
+        name: WebhookProcess(
+            Path(dev_cluster.kubeconfig),
+            tmp_path,
+            register=False,
+            tag=name,
+            elect=True,
+            certificates=certificates,
+            lease_name=lease,
+            route="pod-label",
+            env={"POD_NAME": name, "POD_NAMESPACE": namespace},
+        )
+        for name in ("hook-a", "hook-b")
+    }
+    try:
+        replicas["hook-a"].start(wait_admitting=False)
+        wait_for(lambda: replicas["hook-a"].role() != "follower", message="hook-a to lead")
+        replicas["hook-b"].start(wait_admitting=False)
+
+        def labels() -> dict[str, str]:
+            return {
+                name: core.read_namespaced_pod(name, namespace).metadata.labels[label] for name in replicas
+            }
+
+        wait_for(lambda: labels() == {"hook-a": "true", "hook-b": "false"}, message="hook-b to step out")
+        wait_for(lambda: endpoints() == {pod_ip("hook-a")}, message="the Service to reach the leader only")
+        replicas["hook-a"].stop()  # SIGTERM: hands over and releases the Lease
+        wait_for(lambda: replicas["hook-b"].role() != "follower", message="hook-b to take over")
+        wait_for(lambda: labels()["hook-b"] == "true", message="hook-b to take calls again")
+        # hook-a's pod keeps its label: a pod whose webhook stopped is no longer Ready in a cluster, and
+        # a replica that starts again in it decides afresh.
+        wait_for(lambda: pod_ip("hook-b") in endpoints(), message="the new leader in the Service")
+        replicas["hook-a"].start(wait_admitting=False)
+        wait_for(lambda: labels()["hook-a"] == "false", message="the restarted replica to step out")
+    finally:
+        for replica in replicas.values():
+            replica.stop()

@@ -18,6 +18,7 @@ from gpuforge.quota.leader import (
     lease_record,
     released_spec,
     takeover,
+    takes_calls,
 )
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -184,3 +185,26 @@ def test_without_election_the_process_waits_once_then_leads_for_good() -> None:
     gate = Gate().took(Takeover.STARTED, now=0.0, leading_until=math.inf, timing=TIMING)
     gate = gate.syncing(1).synced(1)
     assert gate.role is Role.ADMITTING and gate.refusal(1e9) is None
+
+
+def test_lease_record_reads_whether_the_holder_takes_the_calls() -> None:
+    annotations = {"gpuforge.io/leader-routed": "true"}
+    routed = lease_record({"metadata": {"annotations": annotations}, "spec": {"holderIdentity": "a"}})
+    plain = lease_record({"metadata": {}, "spec": {"holderIdentity": "a"}})
+    assert routed is not None and routed.routed
+    assert plain is not None and not plain.routed
+
+
+@pytest.mark.parametrize(
+    ("role", "other_holder", "holder_routed", "takes"),
+    [
+        (Role.ADMITTING, "", False, True),  # the leader always takes calls
+        (Role.WAITING, "", False, True),  # a new leader too: it answers "admitting in ..."
+        (Role.STOPPING, "", False, True),  # until it is gone
+        (Role.FOLLOWER, "", False, True),  # no leader (or the Lease released): followers answer
+        (Role.FOLLOWER, "b", False, True),  # a leader that does not route (an older version)
+        (Role.FOLLOWER, "b", True, False),  # the leader takes them: step out
+    ],
+)
+def test_takes_calls(role: Role, other_holder: str, holder_routed: bool, takes: bool) -> None:
+    assert takes_calls(role, other_holder, holder_routed) is takes

@@ -46,6 +46,7 @@ class Replicas:
         self.holder = {"name": "leader-0", "endpoint": ""}
         self.follower_url = ""
         self.pokes = 0
+        self.shedding = False  # routing says the follower should take no calls
         self.forwarder = Forwarder(
             "follower-0",
             lambda: (self.holder["name"], self.holder["endpoint"]),
@@ -70,11 +71,11 @@ async def replicas(tmp_path: Path) -> AsyncIterator[Replicas]:
     replicas = Replicas(shared)
     async with AsyncExitStack() as stack:
         app = make_app(leader.handlers)
-        (leader_port,) = await stack.enter_async_context(serving(app, "127.0.0.1", [0], shared))
+        (leader_port,) = (await stack.enter_async_context(serving(app, "127.0.0.1", [0], shared))).ports
         replicas.holder["endpoint"] = f"https://127.0.0.1:{leader_port}"
         stack.push_async_callback(replicas.forwarder.close)
-        app = make_app(follower.handlers, replicas.forwarder)
-        (follower_port,) = await stack.enter_async_context(serving(app, "127.0.0.1", [0], shared))
+        app = make_app(follower.handlers, replicas.forwarder, lambda: replicas.shedding)
+        (follower_port,) = (await stack.enter_async_context(serving(app, "127.0.0.1", [0], shared))).ports
         replicas.follower_url = f"https://127.0.0.1:{follower_port}"
         yield replicas
 
@@ -118,7 +119,8 @@ async def test_a_leader_is_verified_with_the_webhooks_ca(replicas: Replicas, tmp
     stranger = certificates(tmp_path, "stranger")  # serves a certificate of another CA
     impostor = Shell(MemoryApi([quota("q", hard=100)]))
     impostor.admitting()
-    async with serving(make_app(impostor.handlers), "127.0.0.1", [0], stranger) as (port,):
+    async with serving(make_app(impostor.handlers), "127.0.0.1", [0], stranger) as served:
+        (port,) = served.ports
         replicas.holder["endpoint"] = f"https://127.0.0.1:{port}"
         answer = await post(replicas.follower_url, create("a"))
     assert answer["allowed"] is False and "did not answer" in answer["status"]["message"]
@@ -140,3 +142,18 @@ async def test_the_answer_must_be_for_the_request(replicas: Replicas) -> None:
     request = parse_review(json.dumps(other).encode())
     answer = await replicas.forwarder.forward("/validate-workloads", body, request)
     assert not isinstance(answer, dict) and "not for this request" in answer.message
+
+
+async def test_a_follower_that_takes_no_calls_closes_the_connection_it_answered_on(
+    replicas: Replicas,
+) -> None:
+    for shedding, closes in ((False, False), (True, True)):
+        replicas.shedding = shedding
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{replicas.follower_url}/validate-workloads", json=create("a"), ssl=False
+            ) as response,
+        ):
+            assert response.status == 200 and (await response.json())["response"]["uid"] == "req-a"
+            assert (response.headers.get("Connection", "").lower() == "close") is closes
