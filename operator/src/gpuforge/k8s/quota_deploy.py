@@ -99,18 +99,27 @@ def _mine(obj: Mapping[str, Any] | None, stack: GpuStack) -> bool:
 
 
 def _delete_if_mine(kube: Kube, ref: q.QuotaRef, stack: GpuStack) -> bool:
-    """Delete `ref` if this stack made it; False when it is gone or someone else's."""
-    current = _get(kube, ref)
-    if current is None or not _mine(current, stack):
-        return False
-    version = current["metadata"]["resourceVersion"]
-    body = {"propagationPolicy": "Background", "preconditions": {"resourceVersion": version}}
-    try:
-        kube.request("DELETE", _path(ref), body=body)
-    except ApiError as err:
-        if err.status in (404, 409):  # gone, or changed (taken over) since we read it
+    """Delete `ref` if this stack made it; False when it is gone or someone else's. The delete carries
+    the resourceVersion read, so an object another stack took over meanwhile is never removed; a 409
+    from a mere status update (the disruption controller writes a PodDisruptionBudget's status as the
+    Deployment's pods go) reads it again and retries."""
+    for _attempt in range(5):
+        current = _get(kube, ref)
+        if current is None or not _mine(current, stack):
             return False
-        raise
+        version = current["metadata"]["resourceVersion"]
+        body = {"propagationPolicy": "Background", "preconditions": {"resourceVersion": version}}
+        try:
+            kube.request("DELETE", _path(ref), body=body)
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            if err.status == 409:  # changed since we read it: whose is it now?
+                continue
+            raise
+        break
+    else:
+        return False
     log.info("removed %s %s/%s of GpuStack %s's quota webhook", ref[1], ref[2], ref[3], stack.name)
     return True
 
@@ -225,7 +234,8 @@ def _deploy(
             ),
             stack,
         )
-        objects = q.render_quota(q.QuotaInput(stack, plan, register=registered))
+        route = q.routes_to_leader(deployment, _get(kube, ("v1", "Service", namespace, q.NAME)))
+        objects = q.render_quota(q.QuotaInput(stack, plan, register=registered, route_to_leader=route))
         facts = q.QuotaFacts(holder, registered, quota.replicas, available)
         if plan.rotated_ca and stored.ca is not None:
             events.append(

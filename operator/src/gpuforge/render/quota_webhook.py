@@ -162,6 +162,8 @@ class QuotaInput:
     # replica is available, or when they are registered already, so installing never blocks the API).
     register: bool = True
     image: str = DEFAULT_IMAGE
+    # Whether the Service selects only the replica(s) taking calls (`routes_to_leader`).
+    route_to_leader: bool = False
 
 
 def _labels(stack: GpuStack) -> dict[str, str]:
@@ -384,7 +386,11 @@ def _service_mode_objects(inp: QuotaInput, certs: CertPlan, namespace: str) -> l
             "kind": "Service",
             "metadata": _meta(stack, NAME, namespace),
             "spec": {
-                "selector": {**_selector(stack), QUOTA_WEBHOOK_ENDPOINT_LABEL: "true"},
+                "selector": (
+                    {**_selector(stack), QUOTA_WEBHOOK_ENDPOINT_LABEL: "true"}
+                    if inp.route_to_leader
+                    else _selector(stack)
+                ),
                 "ports": [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}],
             },
         },
@@ -401,6 +407,31 @@ def _service_mode_objects(inp: QuotaInput, certs: CertPlan, namespace: str) -> l
             },
         },
     ]
+
+
+def routes_to_leader(deployment: Mapping[str, Any] | None, service: Mapping[str, Any] | None) -> bool:
+    """Whether the Service may select QUOTA_WEBHOOK_ENDPOINT_LABEL "true", which sends the API server's
+    calls to the replica(s) taking them (the leader) only. Only once every replica labels its own pod:
+    the Deployment's template must start pods with the label (pods of an earlier release never set it,
+    so selecting it while they serve alone would leave the Service without endpoints), and either its
+    rollout is complete or the Service selects the label already (a later rollout keeps it)."""
+    if deployment is None:
+        return False
+    spec = deployment.get("spec") or {}
+    template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    if template_labels.get(QUOTA_WEBHOOK_ENDPOINT_LABEL) != "true":
+        return False
+    selector = ((service or {}).get("spec") or {}).get("selector") or {}
+    if selector.get(QUOTA_WEBHOOK_ENDPOINT_LABEL) == "true":
+        return True
+    status = deployment.get("status") or {}
+    wanted = int(spec.get("replicas", 1))
+    return (
+        status.get("observedGeneration") == (deployment.get("metadata") or {}).get("generation")
+        and status.get("updatedReplicas", 0) == wanted
+        and status.get("replicas", 0) == wanted
+        and status.get("availableReplicas", 0) >= 1
+    )
 
 
 def render_quota(inp: QuotaInput) -> list[Manifest]:

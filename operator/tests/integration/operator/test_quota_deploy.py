@@ -195,6 +195,20 @@ def test_service_mode_deploys_rotates_and_removes(cluster: Any, operator: Operat
         served = handshake(serving, key, bundle, f"{q.NAME}.{ns}.svc")
         assert served == serving, "the API server's view: the Service name verifies against caBundle"
 
+        # Once every replica comes from a template that labels its pod, the Service selects the replica
+        # taking calls (the leader; kwok's pods keep the template's "true").
+        wait_for(
+            "the Service to route to the leader",
+            lambda: (
+                kube_json(cluster, "service", "-n", ns, q.NAME)["spec"]["selector"].get(
+                    "gpuforge.io/quota-webhook-endpoint"
+                )
+                == "true"
+            ),
+            timeout=90,
+        )
+        assert kube_json(cluster, "role", "-n", ns, q.ENDPOINT_ROLE)["rules"][0]["verbs"] == ["patch"]
+
         # A serving certificate past two thirds of its life (written by hand) is replaced.
         ca_pair = KeyPair(ca, secret_pem(cluster, ns, q.CA_SECRET, q.CA_KEY_KEY))
         now = datetime.now(UTC)

@@ -50,7 +50,9 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 # --- rendering ------------------------------------------------------------------------------------
 
 GOLDEN_CASES: dict[str, q.QuotaInput] = {
-    "quota-service": q.QuotaInput(stack({"failurePolicy": "Ignore", "replicas": 3}), FIXED),
+    "quota-service": q.QuotaInput(
+        stack({"failurePolicy": "Ignore", "replicas": 3}), FIXED, route_to_leader=True
+    ),
     "quota-service-unregistered": q.QuotaInput(stack(), FIXED, register=False),
     "quota-url": q.QuotaInput(
         stack({"webhook": {"url": "https://webhook.example:8443", "caBundle": EXTERNAL_CA}}), None
@@ -316,3 +318,41 @@ def test_ca_rotation_overlap_ends_a_day_after_the_new_ca() -> None:
     assert during.previous_ca_pem == CA.cert_pem and not during.rotated_serving
     after = plan_certificates(NOW + 2500 * DAY + 2 * DAY, *args)
     assert after.previous_ca_pem is None and after.ca_bundle == rotated.ca.cert_pem
+
+
+def _webhook_deployment(labelled: bool, updated: int, replicas: int, generation: int = 2) -> dict[str, Any]:
+    labels = {"gpuforge.io/component": "quota-webhook"}
+    if labelled:
+        labels["gpuforge.io/quota-webhook-endpoint"] = "true"
+    return {
+        "metadata": {"generation": 2},
+        "spec": {"replicas": 2, "template": {"metadata": {"labels": labels}}},
+        "status": {
+            "observedGeneration": generation,
+            "updatedReplicas": updated,
+            "replicas": replicas,
+            "availableReplicas": replicas,
+        },
+    }
+
+
+ROUTED_SERVICE = {"spec": {"selector": {"gpuforge.io/quota-webhook-endpoint": "true"}}}
+PLAIN_SERVICE = {"spec": {"selector": {"gpuforge.io/component": "quota-webhook"}}}
+
+
+@pytest.mark.parametrize(
+    ("deployment", "service", "routes"),
+    [
+        (None, None, False),  # nothing deployed yet: every replica takes calls
+        (_webhook_deployment(False, 2, 2), PLAIN_SERVICE, False),  # an earlier release: never labels itself
+        (_webhook_deployment(True, 1, 3), PLAIN_SERVICE, False),  # rolling out: old pods would be left out
+        (_webhook_deployment(True, 2, 2, generation=1), PLAIN_SERVICE, False),  # not observed yet
+        (_webhook_deployment(True, 2, 2), PLAIN_SERVICE, True),  # rolled out: every pod labels itself
+        (_webhook_deployment(True, 1, 3), ROUTED_SERVICE, True),  # a later rollout keeps the route
+        (_webhook_deployment(False, 1, 3), ROUTED_SERVICE, False),  # a template without it: back to all
+    ],
+)
+def test_routes_to_leader(
+    deployment: dict[str, Any] | None, service: dict[str, Any] | None, routes: bool
+) -> None:
+    assert q.routes_to_leader(deployment, service) is routes
