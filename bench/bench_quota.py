@@ -674,7 +674,7 @@ async def e2e_rounds(
         "cpu_ms": cpu[OURS] / creates * 1000,
         "cpu_other_ms": sum(value for arm, value in cpu.items() if arm != OURS)
         / creates
-        / (len(names) - 1)
+        / max(1, len(names) - 1)
         * 1000,
         "forwarded": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_forwarded_total{result="answered"}'
