@@ -383,9 +383,16 @@ class FloorWebhook:
 
 
 async def settled(webhook: Webhook, quiet: float = 1.5, limit: float = 30.0) -> None:
-    """Wait until a freshly started leader has written what its first recompute found (the statuses the
-    previous phase left behind, spread over seconds by the write budget), so that no arm measures another
-    phase's catch-up."""
+    """Wait until only the leader takes calls (the follower steps out once the Lease says the leader
+    routes: an arm started before would open its connections twice) and a freshly started leader has
+    written what its first recompute found (the statuses the previous phase left behind, spread over
+    seconds by the write budget), so that no arm measures another phase's catch-up."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        taking = [m.get("gpuforge_quota_takes_calls", 0.0) for m in (await replica_metrics(webhook)).values()]
+        if sum(taking) == 1.0:
+            break
+        await asyncio.sleep(0.25)
     series = 'gpuforge_quota_status_writes_total{result="written"}'
     deadline, since, last = time.monotonic() + limit, time.monotonic(), await replica_metrics(webhook)
     while time.monotonic() < deadline and time.monotonic() - since < quiet:

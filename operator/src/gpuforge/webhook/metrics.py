@@ -123,6 +123,12 @@ LEADER: Final = Gauge(
     "1 while this replica holds the Lease (it admits and writes usage), else 0.",
     registry=REGISTRY,
 )
+TAKES_CALLS: Final = Gauge(
+    "gpuforge_quota_takes_calls",
+    "With --route: 1 while this replica is an endpoint of the webhook's address (the leader, or any replica "
+    "while no leader takes the calls), 0 once it stepped out.",
+    registry=REGISTRY,
+)
 ROLE: Final = Gauge(
     "gpuforge_quota_role",
     "1 for this replica's role: follower (forwards to the leader), waiting (a new leader waiting out the "

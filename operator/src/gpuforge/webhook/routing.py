@@ -32,6 +32,7 @@ from aiohttp import web
 from gpuforge.constants import QUOTA_WEBHOOK_ENDPOINT_LABEL
 from gpuforge.k8s.quota import ApiError, QuotaApi
 from gpuforge.quota.leader import takes_calls
+from gpuforge.webhook import metrics
 from gpuforge.webhook.leader import LeaderElector
 from gpuforge.webhook.leadership import Leadership
 
@@ -122,6 +123,7 @@ class Router:
                     if wanted and not self.leadership.is_follower():
                         self.elector.poke()  # publish `routed` now, not at the next renewal
                 self.applied, last_set = wanted, loop.time()
+                metrics.TAKES_CALLS.set(1.0 if wanted else 0.0)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll_seconds):

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from gpuforge.webhook.leader import LeaderElector
 from gpuforge.webhook.leadership import Leadership
+from gpuforge.webhook.metrics import REGISTRY
 from gpuforge.webhook.routing import Router
 
 from .fakes import TIMING, MemoryApi
@@ -73,6 +74,7 @@ async def test_the_leader_takes_the_calls_and_the_follower_steps_out_until_the_l
         assert api.lease["metadata"]["annotations"]["gpuforge.io/leader-routed"] == "true"
         await b.elector.step()
         await until(lambda: b.router.applied is False)
+        assert REGISTRY.get_sample_value("gpuforge_quota_takes_calls") == 0.0  # b, which set it last
         assert b.router.sheds_connections() and not a.router.sheds_connections()
         assert b.endpoint.calls == [True, False] and a.endpoint.calls == [True]
         a.elector.release_ok = True
