@@ -120,8 +120,11 @@ class Router:
                     continue
                 if wanted != self.applied:
                     log.info("%s the webhook's endpoints", "joined" if wanted else "left")
-                    if wanted and not self.leadership.is_follower():
-                        self.elector.poke()  # publish `routed` now, not at the next renewal
+                    if wanted:
+                        # A leader publishes `routed` now, not at its next renewal (a replica that
+                        # joins while it takes the Lease may have written it without); a follower
+                        # merely reads the Lease sooner.
+                        self.elector.poke()
                 self.applied, last_set = wanted, loop.time()
                 metrics.TAKES_CALLS.set(1.0 if wanted else 0.0)
             self._wake.clear()
