@@ -335,7 +335,7 @@ class FloorWebhook:
     and URL (same matchConditions, namespaceSelector, timeout), so the API server does the same work to
     call it."""
 
-    def __init__(self, kubeconfig: Path, work: Path) -> None:
+    def __init__(self, work: Path) -> None:
         from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 
         now = datetime.now(UTC)
@@ -345,7 +345,7 @@ class FloorWebhook:
         self.cert.write_bytes(pair.cert_pem)
         self.key.write_bytes(pair.key_pem)
         self.ca = ca.cert_pem
-        self.kubeconfig, self.work = kubeconfig, work
+        self.work = work
         self.binary = floorhook_binary()
         self.port = _free_port()
         self.url = f"https://127.0.0.1:{self.port}"
@@ -377,9 +377,6 @@ class FloorWebhook:
         if self.process is not None:
             self.process.terminate()
             self.process.wait(10)
-
-    def cpu_seconds(self) -> float:
-        return _cpu_seconds(self.process.pid) if self.process is not None else 0.0
 
 
 async def settled(webhook: Webhook, quiet: float = 1.5, limit: float = 30.0) -> None:
@@ -524,12 +521,10 @@ def histogram_quantile(
     after: dict[str, dict[str, float]],
     name: str,
     fraction: float,
-    interpolate: bool = False,
     labels: str = "",
 ) -> float:
     """A quantile of the growth of histogram `name` (the series that carry `labels`) over all
-    replicas: the upper bound of its bucket, or interpolated within it as Prometheus'
-    histogram_quantile does."""
+    replicas, interpolated within its bucket as Prometheus' histogram_quantile does."""
     buckets: dict[float, float] = {}
     for replica, values in after.items():
         for key, value in values.items():
@@ -544,7 +539,7 @@ def histogram_quantile(
     lower, below = 0.0, 0.0
     for upper in sorted(buckets):
         if buckets[upper] >= fraction * total:
-            if not interpolate or math.isinf(upper):
+            if math.isinf(upper):
                 return upper
             inside = buckets[upper] - below
             return lower + (upper - lower) * (fraction * total - below) / inside if inside else upper
@@ -556,7 +551,8 @@ async def e2e_pair(
     cluster: Cluster, webhook: Webhook, quota_of: Any, count: int, concurrency: int
 ) -> tuple[list[float], list[float], int, dict[str, float]]:
     """Creates without the webhook, then (started for this) with it, each in a fresh namespace and only
-    once the previous one is gone. Returns (without, with, admitted with, figures of the webhook)."""
+    once the previous one is gone. Returns (without, with, admitted with, figures of the webhook's
+    status writes: admissions per write, conflicts)."""
     ns = await namespace(cluster)
     await warm_up(cluster, ns, quota_of, concurrency)
     plain, _ = await timed_creates(cluster, ns, quota_of, count, concurrency)
@@ -566,51 +562,19 @@ async def e2e_pair(
         await settled(webhook)
         ns = await namespace(cluster)
         await warm_up(cluster, ns, quota_of, concurrency)
-        seconds_before, calls_before = await webhook_seconds(cluster)
         metrics_before = await replica_metrics(webhook)
-        cpu_before = webhook.cpu_seconds()
         guarded, admitted = await timed_creates(cluster, ns, quota_of, count, concurrency)
-        cpu = webhook.cpu_seconds() - cpu_before
-        seconds_after, calls_after = await webhook_seconds(cluster)
         await asyncio.sleep(0.5)  # the last admissions' writes
         metrics_after = await replica_metrics(webhook)
     finally:
         webhook.stop()
     await drop_namespace(cluster, ns)
-    calls = max(1.0, calls_after - calls_before)
     figures = {
-        "apiserver_ms": (seconds_after - seconds_before) / calls * 1000,
-        "cpu_ms": cpu / len(guarded) * 1000,
-        "write_behind_p99_ms": histogram_quantile(
-            metrics_before, metrics_after, "gpuforge_quota_write_behind_seconds", 0.99
-        )
-        * 1000,
         "per_write": metric_delta(metrics_before, metrics_after, "gpuforge_quota_admission_batch_size_sum")
         / max(1.0, metric_delta(metrics_before, metrics_after, "gpuforge_quota_admission_batch_size_count")),
         "conflicts": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="conflict"}'
         ),
-        "forwarded": metric_delta(
-            metrics_before, metrics_after, 'gpuforge_quota_forwarded_total{result="answered"}'
-        ),
-        "leader_ms": _answer_mean_ms(metrics_before, metrics_after, leader=True),
-        **{
-            f"answer_p{round(fraction * 100)}_ms": histogram_quantile(
-                metrics_before,
-                metrics_after,
-                "gpuforge_quota_admission_duration_seconds",
-                fraction,
-                interpolate=True,
-                labels='webhook="workloads"',
-            )
-            * 1000
-            for fraction in (0.5, 0.99)
-        },
-        "follower_ms": _answer_mean_ms(metrics_before, metrics_after, leader=False),
-        "writes_per_create": metric_delta(
-            metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="written"}'
-        )
-        / max(1, len(guarded)),
     }
     return plain, guarded, admitted, figures
 
@@ -687,7 +651,7 @@ async def e2e_rounds(
             metrics_before, metrics_after, 'gpuforge_quota_forwarded_total{result="answered"}'
         )
         / creates,
-        "leader_ms": _answer_mean_ms(metrics_before, metrics_after, leader=True),
+        "leader_ms": _leader_answer_mean_ms(metrics_before, metrics_after),
         "writes_per_create": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="written"}'
         )
@@ -698,7 +662,6 @@ async def e2e_rounds(
                 metrics_after,
                 "gpuforge_quota_admission_duration_seconds",
                 fraction,
-                interpolate=True,
                 labels='webhook="workloads"',
             )
             * 1000
@@ -763,14 +726,12 @@ def rounds_results(
         results.append(result(f"{name}, c={concurrency}", figures[key], unit))
 
 
-def _answer_mean_ms(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], leader: bool
-) -> float:
+def _leader_answer_mean_ms(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> float:
     """Mean answer time measured inside the leader (its own decisions, and those the follower forwards
-    to it) or inside the follower (forwarding included)."""
+    to it)."""
     series = 'gpuforge_quota_admission_duration_seconds_{}{{webhook="workloads"}}'
     for replica, values in after.items():
-        if (values.get("gpuforge_quota_leader") == 1.0) is leader:
+        if values.get("gpuforge_quota_leader") == 1.0:
             old = before.get(replica, {})
             calls = values.get(series.format("count"), 0.0) - old.get(series.format("count"), 0.0)
             seconds = values.get(series.format("sum"), 0.0) - old.get(series.format("sum"), 0.0)
@@ -803,7 +764,7 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
     loads: list[float] = []
     await apply_crd(kubeconfig)
     webhook = Webhook(kubeconfig, work)
-    floor = FloorWebhook(kubeconfig, work)
+    floor = FloorWebhook(work)
     async with Cluster(kubeconfig) as cluster:
         many = [f"bench-many-{i}" for i in range(MANY_QUOTAS)]
         for name in many:

@@ -112,16 +112,14 @@ def _delete_if_mine(kube: Kube, ref: q.QuotaRef, stack: GpuStack) -> bool:
         try:
             kube.request("DELETE", _path(ref), body=body)
         except ApiError as err:
-            if err.status == 404:
-                return False
             if err.status == 409:  # changed since we read it: whose is it now?
                 continue
+            if err.status == 404:
+                return False
             raise
-        break
-    else:
-        return False
-    log.info("removed %s %s/%s of GpuStack %s's quota webhook", ref[1], ref[2], ref[3], stack.name)
-    return True
+        log.info("removed %s %s/%s of GpuStack %s's quota webhook", ref[1], ref[2], ref[3], stack.name)
+        return True
+    return False
 
 
 def _deployed_namespace(kube: Kube, stack: GpuStack) -> str | None:

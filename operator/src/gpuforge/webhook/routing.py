@@ -24,7 +24,7 @@ import contextlib
 import logging
 import ssl
 from dataclasses import dataclass, field
-from typing import Final, Literal, Protocol
+from typing import Literal, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -35,11 +35,11 @@ from gpuforge.quota.leader import takes_calls
 from gpuforge.webhook import metrics
 from gpuforge.webhook.leader import LeaderElector
 from gpuforge.webhook.leadership import Leadership
+from gpuforge.webhook.server import tls_site
 
 log = logging.getLogger(__name__)
 
 RouteMode = Literal["none", "pod-label", "shared-port"]
-ENDPOINT_LABEL: Final = QUOTA_WEBHOOK_ENDPOINT_LABEL
 
 
 class Endpoint(Protocol):
@@ -54,7 +54,8 @@ class PodLabel:
     pod: str
 
     async def set(self, takes: bool) -> None:
-        await self.api.label_pod(self.namespace, self.pod, ENDPOINT_LABEL, "true" if takes else "false")
+        value = "true" if takes else "false"
+        await self.api.label_pod(self.namespace, self.pod, QUOTA_WEBHOOK_ENDPOINT_LABEL, value)
 
 
 @dataclass
@@ -67,9 +68,7 @@ class SharedPort:
 
     async def set(self, takes: bool) -> None:
         if takes and self._site is None:
-            site = web.TCPSite(
-                self.runner, self.host, self.port, ssl_context=self.context, backlog=512, reuse_port=True
-            )
+            site = tls_site(self.runner, self.host, self.port, self.context, reuse_port=True)
             await site.start()
             self._site = site
         elif not takes and self._site is not None:

@@ -200,6 +200,13 @@ class Served:
     runner: web.AppRunner  # to add a site later (webhook.routing.SharedPort)
 
 
+def tls_site(
+    runner: web.AppRunner, host: str, port: int, context: ssl.SSLContext, reuse_port: bool = False
+) -> web.TCPSite:
+    """One HTTPS listener of the webhook (`reuse_port`: shared with other replicas on this host)."""
+    return web.TCPSite(runner, host, port, ssl_context=context, backlog=512, reuse_port=reuse_port or None)
+
+
 @contextlib.asynccontextmanager
 async def serving(
     app: web.Application,
@@ -220,14 +227,7 @@ async def serving(
     for index, port in enumerate(ports):
         if defer_first and index == 0:
             continue
-        site = web.TCPSite(
-            runner,
-            host,
-            port,
-            ssl_context=reloader.context,
-            backlog=512,
-            reuse_port=(reuse_port and index == 0) or None,
-        )
+        site = tls_site(runner, host, port, reloader.context, reuse_port and index == 0)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
