@@ -582,6 +582,7 @@ async def e2e_pair(
 ROUNDS = 3
 # Creates per arm and round: 450/900/1200 per arm in all at c=1/8/32, so a p99 is not one or two creates.
 PER_ROUND = {1: 150, 8: 300, 32: 400}
+FULL_GC, GEN2, PASS = "gpuforge_gc_pause_seconds", '{generation="2"}', "gpuforge_quota_reconcile_pass_seconds"
 OURS, NONE, FLOOR = "webhook", "no webhook", "reference allow-all Go webhook"
 
 
@@ -652,6 +653,13 @@ async def e2e_rounds(
         )
         / creates,
         "leader_ms": _leader_answer_mean_ms(metrics_before, metrics_after),
+        "gc_full": metric_delta(metrics_before, metrics_after, FULL_GC + "_count" + GEN2),
+        "gc_full_ms": metric_delta(metrics_before, metrics_after, FULL_GC + "_sum" + GEN2)
+        / max(1.0, metric_delta(metrics_before, metrics_after, FULL_GC + "_count" + GEN2))
+        * 1000,
+        "pass_ms": metric_delta(metrics_before, metrics_after, PASS + "_sum")
+        / max(1.0, metric_delta(metrics_before, metrics_after, PASS + "_count"))
+        * 1000,
         "writes_per_create": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="written"}'
         )
@@ -720,6 +728,9 @@ def rounds_results(
         ("webhook CPU per create (2 replicas)", "cpu_ms", "ms"),
         ("webhook CPU per create in the other arms (watch events only)", "cpu_other_ms", "ms"),
         ("status writes per create", "writes_per_create", "writes"),
+        ("usage controller pass, mean wall time", "pass_ms", "ms"),
+        ("full GC collections, both replicas, all arms", "gc_full", "collections"),
+        ("full GC pause, mean", "gc_full_ms", "ms"),
         ("creates forwarded by the follower", "forwarded", "share"),
         ("webhook calls in the arms without a webhook (must be 0)", "calls_without", "calls"),
     ):

@@ -25,7 +25,15 @@ from gpuforge.api.gpuquota import API_VERSION as QUOTA_API_VERSION
 from gpuforge.api.gpuquota import KIND as QUOTA_KIND
 from gpuforge.api.gpuquota import PLURAL as QUOTA_PLURAL
 from gpuforge.constants import FIELD_MANAGER
-from gpuforge.k8s.informer import ApiError, ChangeHandler, Informer, error_message, selectors, watch_events
+from gpuforge.k8s.informer import (
+    ApiError,
+    ChangeHandler,
+    Informer,
+    error_message,
+    selectors,
+    watch_events,
+    without_managed_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -430,4 +438,13 @@ class QuotaApi:
         await self._request("DELETE", RESOURCES["ValidatingWebhookConfiguration"].path(name=name))
 
 
-__all__ = ["ApiError", "ChangeHandler", "Conflict", "Credentials", "Informer", "QuotaApi", "load_credentials"]
+__all__ = [
+    "ApiError",
+    "ChangeHandler",
+    "Conflict",
+    "Credentials",
+    "Informer",
+    "QuotaApi",
+    "load_credentials",
+    "without_managed_fields",
+]

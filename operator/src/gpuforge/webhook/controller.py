@@ -34,7 +34,7 @@ from gpuforge.api.gpuquota import (
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
-from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi
+from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi, without_managed_fields
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, used_from_object
 from gpuforge.quota.leader import Role
 from gpuforge.quota.ledger import Ledger
@@ -81,6 +81,22 @@ def _key(obj: Obj, kind: str | None = None) -> tuple[str, str, str]:
         str(metadata.get("namespace") or ""),
         str(metadata.get("name") or ""),
     )
+
+
+BY_QUOTA = "quota"  # the workload caches' index: the quota a workload is charged to
+# A pass gives waiting admissions the loop after this many workloads, however many there are.
+YIELD_EVERY = 256
+
+
+def _quota_of(obj: Obj) -> str | None:
+    return str(labels_of(obj).get(QUOTA_LABEL) or "") or None
+
+
+def counted_part(obj: dict[str, Any]) -> dict[str, Any]:
+    """What a workload cache keeps: metadata and spec, which counting and scale admission read. Status
+    (rewritten with every pod that starts) and managedFields are most of an object and count for
+    nothing; dropping them keeps the leader's heap, and so the cyclic GC's pauses, small."""
+    return {key: value for key, value in without_managed_fields(obj).items() if key != "status"}
 
 
 def _controller_owner(obj: Obj) -> tuple[str, str] | None:
@@ -137,11 +153,15 @@ class UsageController:
     _claims: dict[tuple[str, str, str], tuple[str, bool]] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # Set by the process's entry point (not by tests that run the webhook inside their own process).
-    freeze_gc_after_rebuild: bool = False
+    freeze_gc: bool = False
+    _thawed_at: float = 0.0
 
     def __post_init__(self) -> None:
-        self.quotas = Informer(self.api, KIND)
-        self._workloads = {kind: Informer(self.api, kind, QUOTA_LABEL) for kind in WORKLOAD_KINDS}
+        self.quotas = Informer(self.api, KIND, transform=without_managed_fields)
+        self._workloads = {
+            kind: Informer(self.api, kind, QUOTA_LABEL, transform=counted_part, indexes={BY_QUOTA: _quota_of})
+            for kind in WORKLOAD_KINDS
+        }
         for kind, informer in self._workloads.items():
             informer.listeners.append(self._listener(kind))
         self.quotas.listeners.append(self._listener(KIND))
@@ -178,6 +198,8 @@ class UsageController:
                 touched = {label, previous[1] if previous is not None else ""}
             if event_type == "DELETED":
                 self._seen.pop(ref, None)
+                self._usages.pop((kind, namespace, name), None)
+                self._claims.pop((kind, namespace, name), None)
                 uid = str((obj.get("metadata") or {}).get("uid") or "")
                 self._deleted[ref] = (generation_of(obj), uid, asyncio.get_running_loop().time())
                 self._dirty_quotas.update(touched - {""})
@@ -257,6 +279,7 @@ class UsageController:
             self._dirty.clear()
             self._settles_deferred = False
             has_budgets = await self._reconcile_logged(full)
+            self._settle_heap()
             period = self.resync_seconds
             if has_budgets:  # budgets accrue on a tick, events or not
                 period = min(period, self.accrual_seconds)
@@ -285,11 +308,24 @@ class UsageController:
                 log.warning("GpuQuota %s is invalid (%s): admissions to it are denied", _key(raw)[2], error)
         self._dirty_quotas.clear()
         await self.reconcile_all()
-        if self.freeze_gc_after_rebuild:
-            # What the caches hold now lives as long as the term: keep Python's cyclic GC from walking
-            # it again in every full collection (one paused the leader's event loop for 180 ms under load;
-            # acyclic garbage among it is still freed as soon as it is dropped).
-            gc.freeze()
+        self._settle_heap(thaw=True)
+
+    def _settle_heap(self, thaw: bool = False) -> None:
+        """Collect what the last pass left and move the rest out of the cyclic GC's reach (with
+        `freeze_gc`). Python's automatic full collections walk every object; with the watch caches of
+        a few thousand workloads one paused the event loop, and every admission waiting on it, for
+        40-180 ms. Collecting here walks only what was made since the previous pass (frozen objects
+        are skipped), so what the caches keep is walked once. Acyclic garbage among frozen objects is
+        still freed at once; a cycle that dies after it was frozen waits until everything is thawed and
+        collected in one pause: at each term's start and then every `resync_seconds`."""
+        if not self.freeze_gc:
+            return
+        now = asyncio.get_running_loop().time()
+        if thaw or now - self._thawed_at >= self.resync_seconds:
+            gc.unfreeze()
+            self._thawed_at = now
+        gc.collect()
+        gc.freeze()
 
     async def _relist(self) -> None:
         """(Re)start every informer: each lists its kind with a consistent read, then watches from there."""
@@ -318,7 +354,8 @@ class UsageController:
     async def _reconcile_logged(self, full: bool = True) -> bool:
         dirty, self._dirty_quotas = self._dirty_quotas, set()
         try:
-            return await self.reconcile_all(None if full else dirty)
+            with metrics.RECONCILE_PASS.labels("all" if full else "touched").time():
+                return await self.reconcile_all(None if full else dirty)
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
             metrics.RECONCILES.labels("error").inc()
             log.warning("usage reconcile failed, retrying soon: %s", error)
@@ -327,14 +364,23 @@ class UsageController:
             self.poke()
             return True
 
-    async def _list_workloads(self) -> dict[str, list[dict[str, Any]]]:
-        """Labelled workloads by kind: from the watch caches when running, else listed."""
+    async def _list_workloads(self, quotas: set[str] | None) -> dict[str, list[dict[str, Any]]]:
+        """Labelled workloads by kind (those charged to `quotas`, or all): from the watch caches when
+        running, else listed."""
         if all(informer.synced.is_set() for informer in self._workloads.values()):
-            return {kind: list(informer.store.values()) for kind, informer in self._workloads.items()}
+            if quotas is None:
+                return {kind: informer.store.values() for kind, informer in self._workloads.items()}
+            return {
+                kind: informer.store.indexed(BY_QUOTA, sorted(quotas))
+                for kind, informer in self._workloads.items()
+            }
         lists = await asyncio.gather(
             *(self.api.list_objects(kind, label_selector=QUOTA_LABEL) for kind in WORKLOAD_KINDS)
         )
-        return dict(zip(WORKLOAD_KINDS, lists, strict=True))
+        return {
+            kind: [item for item in items if quotas is None or _quota_of(item) in quotas]
+            for kind, items in zip(WORKLOAD_KINDS, lists, strict=True)
+        }
 
     def _uses_claims(self, key: tuple[str, str, str], obj: Obj) -> bool:
         """Does the workload refer to ResourceClaims or templates? Remembered by resourceVersion."""
@@ -348,13 +394,18 @@ class UsageController:
             self._claims[key] = (version, uses)
         return uses
 
-    async def snapshot(self, need_pods: bool) -> Snapshot:
+    async def snapshot(self, need_pods: bool, quotas: set[str] | None = None) -> Snapshot:
+        """What exists of the workloads charged to `quotas` (None: all)."""
         snap = Snapshot()
-        for kind, items in (await self._list_workloads()).items():
+        seen = 0
+        for kind, items in (await self._list_workloads(quotas)).items():
             for item in items:  # informers set `kind`; a listed item may lack it
                 obj = item if item.get("kind") == kind else {**item, "kind": kind}
                 if not is_controlled_by_workload(obj):
                     snap.workloads[_key(obj, kind)] = obj
+                seen += 1
+                if seen % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
         namespaces = sorted({namespace for _, namespace, _ in snap.workloads})
         # Claims are read only where some workload refers to them (most use device-plugin requests).
         with_claims = sorted({key[1] for key, obj in snap.workloads.items() if self._uses_claims(key, obj)})
@@ -436,12 +487,26 @@ class UsageController:
     async def reconcile_all(self, only: set[str] | None = None, *, only_named: bool = False) -> bool:
         """Recompute every quota in the ledger once, or (`only`) those named and (unless `only_named`)
         those holding reservations due to expire or settle. Returns whether any quota has a budget
-        (accrual needs ticks)."""
+        (accrual needs ticks). Only the workloads charged to the quotas recomputed are read, and the
+        loop is handed back every YIELD_EVERY of them: a pass never holds up admissions for long."""
         has_budgets = any(is_cash_key(key) for quota in self.ledger.quotas() for key in quota.hard)
-        snap = await self.snapshot(need_pods=has_budgets)
+        now = self.clock()
+        if only is not None and not only_named:
+            # Besides the quotas events touched, a pass takes those holding a reservation old enough to
+            # expire or whose put-off settling is due.
+            due_age = min(2 * self.settle_seconds, self.reservation_ttl.total_seconds())
+            only = only | {
+                quota.name
+                for quota in self.ledger.quotas()
+                if any((now - item.created).total_seconds() >= due_age for item in quota.status.reservations)
+            }
+        snap = await self.snapshot(need_pods=has_budgets, quotas=only)
         usages: dict[str, list[WorkloadUsage]] = {}
-        usage_cache: dict[tuple[str, str, str], tuple[str, WorkloadUsage]] = {}
-        for key, obj in snap.workloads.items():
+        # A full pass keeps the usage of the workloads that exist, so the cache drops the others.
+        usage_cache = {} if only is None else self._usages
+        for index, (key, obj) in enumerate(snap.workloads.items()):
+            if index % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
             version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
             known = self._usages.get(key)
             if version and known is not None and known[0] == version:
@@ -455,24 +520,17 @@ class UsageController:
             if version and not self._uses_claims(key, obj):  # claims can change underneath
                 usage_cache[key] = (version, usage)
             usages.setdefault(usage.quota, []).append(usage)
-        self._usages = usage_cache
-        self._claims = {key: known for key, known in self._claims.items() if key in snap.workloads}
+        if only is None:
+            self._usages = usage_cache
+            self._claims = {key: known for key, known in self._claims.items() if key in snap.workloads}
         runs = self._runs(snap) if has_budgets else {}
         horizon = asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds()
         self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[2] > horizon}
         children = children_of(self.ledger.quotas())
-        now = self.clock()
-        # Besides the quotas events touched, a pass takes those holding a reservation old enough to
-        # expire or whose put-off settling is due.
-        due_age = min(2 * self.settle_seconds, self.reservation_ttl.total_seconds())
         for index, name in enumerate(self.ledger.names()):
             quota = self.ledger.quota(name)
-            if quota is None:
+            if quota is None or (only is not None and name not in only):
                 continue
-            if only is not None and name not in only:
-                ages = ((now - item.created).total_seconds() for item in quota.status.reservations)
-                if only_named or not any(age >= due_age for age in ages):
-                    continue
             # Each quota is read and changed in one go, so admissions decided meanwhile are part of
             # what is recomputed; between quotas, waiting admissions go first.
             self._apply(quota, children.get(name, []), usages.get(name, []), runs.get(name, []))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Final
+import gc
+import time
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
@@ -136,3 +138,39 @@ ROLE: Final = Gauge(
     ["role"],
     registry=REGISTRY,
 )
+RECONCILE_PASS: Final = Histogram(
+    "gpuforge_quota_reconcile_pass_seconds",
+    "Wall time of one pass of the usage controller (all quotas, or those events touched); it hands the "
+    "event loop back to waiting admissions every few hundred workloads.",
+    ["scope"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=REGISTRY,
+)
+GC_PAUSE: Final = Histogram(
+    "gpuforge_gc_pause_seconds",
+    "Pauses of Python's cyclic garbage collector, by generation (2: a full collection). Admissions wait "
+    "for them.",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    registry=REGISTRY,
+)
+
+
+class _GcTimer:
+    def __init__(self) -> None:
+        self.started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            GC_PAUSE.labels(str(info.get("generation"))).observe(time.perf_counter() - self.started)
+
+
+_GC_TIMER: Final = _GcTimer()
+
+
+def time_gc_pauses() -> None:
+    """Observe every collection of this process in GC_PAUSE (once per process: gc.callbacks is global)."""
+    if _GC_TIMER not in gc.callbacks:
+        gc.callbacks.append(_GC_TIMER)

@@ -31,6 +31,7 @@ import yaml
 
 from gpuforge.k8s.quota import QuotaApi
 from gpuforge.quota.leader import Timing
+from gpuforge.webhook import metrics
 from gpuforge.webhook.admission import AdmissionHandlers, Clock, utc_now
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 from gpuforge.webhook.controller import UsageController
@@ -291,8 +292,9 @@ async def run_until_signalled(options: WebhookOptions) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with running_webhook(options) as webhook:
-        gc.freeze()  # what start-up made (modules, clients, certificates) stays: see freeze_gc_after_rebuild
-        webhook.controller.freeze_gc_after_rebuild = True
+        metrics.time_gc_pauses()
+        gc.freeze()  # what start-up made (modules, clients, certificates) stays: see _settle_heap
+        webhook.controller.freeze_gc = True
         log.info("GpuQuota webhook serving on %s", webhook.url)
         print(f"serving on {webhook.url}", flush=True)
         await stop.wait()

@@ -65,7 +65,7 @@ async def test_usage_changes_go_into_the_ledger_at_once() -> None:
     assert held is not None and held.status.used == {GPU: 3}
 
 
-async def test_a_rebuild_freezes_what_the_caches_hold_when_the_process_asks() -> None:
+async def test_the_heap_is_frozen_after_each_pass_and_thawed_each_resync_when_the_process_asks() -> None:
     """`gpuforge webhook run` asks (a full GC of the caches paused the event loop); tests that run the
     webhook inside their own process do not, and their objects are never frozen."""
     import gc
@@ -73,12 +73,84 @@ async def test_a_rebuild_freezes_what_the_caches_hold_when_the_process_asks() ->
     from gpuforge.quota.leader import Gate, Role
 
     api = MemoryApi([quota("a")], [deployment("w", "a", 1)])
-    for freeze in (False, True):
-        shell = Shell(api, lambda: NOW)
-        shell.controller.freeze_gc_after_rebuild = freeze
-        shell.leadership.gate = Gate(Role.SYNCING, term=1, admit_from=0.0, leading_until=float("inf"))
+    try:
+        for freeze in (False, True):
+            shell = Shell(api, lambda: NOW)
+            shell.controller.freeze_gc = freeze
+            shell.leadership.gate = Gate(Role.SYNCING, term=1, admit_from=0.0, leading_until=float("inf"))
+            gc.unfreeze()
+            await shell.controller._rebuild(1)
+            assert (gc.get_freeze_count() > 0) is freeze
+            assert shell.leadership.ledger.quota("a") is not None
+        cycle: list[list[object]] = [[] for _ in range(1000)]  # made after the rebuild, then dropped
+        for item in cycle:
+            item.append(cycle)
+        frozen = gc.get_freeze_count()
+        shell.controller._settle_heap()  # a pass: what it made joins the frozen
+        assert gc.get_freeze_count() >= frozen + len(cycle)
+        del cycle, item
+        shell.controller._settle_heap()  # frozen, the dead cycle is not collected...
+        assert gc.get_freeze_count() >= frozen + 1000
+        shell.controller._thawed_at -= shell.controller.resync_seconds
+        shell.controller._settle_heap()  # ...until the next resync thaws and collects everything
+        assert gc.get_freeze_count() < frozen + 1000
+    finally:
         gc.unfreeze()
-        await shell.controller._rebuild(1)
-        assert (gc.get_freeze_count() > 0) is freeze
-        gc.unfreeze()
-        assert shell.leadership.ledger.quota("a") is not None
+
+
+async def test_a_pass_reads_only_the_workloads_of_the_quotas_it_recomputes() -> None:
+    """From the watch caches (indexed by quota) and, before they are synced, from a list alike."""
+    api = MemoryApi([quota("a"), quota("b")], [deployment("wa", "a", 2), deployment("wb", "b", 3)])
+    shell = leading(api)
+    controller = shell.controller
+    for synced in (False, True):
+        if synced:
+            for informer in controller.workload_caches.values():
+                await informer._list()
+        for only, expected in (
+            (None, {"wa", "wb"}),
+            ({"a"}, {"wa"}),
+            ({"b", "gone"}, {"wb"}),
+            (set(), set()),
+        ):
+            snap = await controller.snapshot(need_pods=False, quotas=only)
+            assert {name for _, _, name in snap.workloads} == expected, (synced, only)
+    await controller.reconcile_all(only={"a"})
+    held = shell.leadership.ledger.quota("a")
+    assert held is not None and held.status.used == {GPU: 2}
+
+
+async def test_a_deleted_workload_leaves_no_usage_behind() -> None:
+    api = MemoryApi([quota("a")], [deployment("w", "a", 2)])
+    shell = leading(api)
+    for informer in shell.controller.workload_caches.values():
+        await informer._list()
+    deployments = shell.controller.workload_caches["Deployment"]
+    await shell.controller.reconcile_all()
+    assert list(shell.controller._usages) == [("Deployment", "ns", "w")]
+    stored = deployments.get("w", "ns")
+    assert stored is not None
+    api.deployments.clear()
+    deployments.store.apply("DELETED", stored)
+    deployments._changed("DELETED", stored)
+    assert shell.controller._usages == {}
+    await shell.controller.reconcile_all(only={"a"})
+    held = shell.leadership.ledger.quota("a")
+    assert held is not None and held.status.used == {GPU: 0}
+
+
+def test_the_caches_keep_metadata_and_spec_only() -> None:
+    from gpuforge.webhook.controller import counted_part
+
+    served = {
+        "kind": "Deployment",
+        "metadata": {"name": "w", "labels": {"gpuforge.io/quota": "a"}, "managedFields": [{"manager": "x"}]},
+        "spec": {"replicas": 2},
+        "status": {"replicas": 2, "readyReplicas": 1},
+    }
+    assert counted_part(served) == {
+        "kind": "Deployment",
+        "metadata": {"name": "w", "labels": {"gpuforge.io/quota": "a"}},
+        "spec": {"replicas": 2},
+    }
+    assert "status" in served and "managedFields" in served["metadata"]  # the watch's copy is untouched
