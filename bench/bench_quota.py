@@ -12,9 +12,9 @@ Measured at concurrency 1, 8 and 32:
   buckets as Prometheus does), over both replicas;
 - the same AdmissionReviews posted straight to each replica (not through the API server), and to the
   reference: what a client on these two cores sees;
-- on one contended quota (twice as many creates as it holds), a pair: without the webhook, then with it
-  (started for it), and over-admission (Deployments created beyond its hard, `used` beyond it), which
-  must be zero.
+- on one contended quota (twice as many creates as it holds, a fresh quota each round), interleaved
+  rounds of the same arms, and over-admission (Deployments created beyond its hard, `used` beyond it),
+  which must be zero.
 Also: what the API server itself measures of the webhook call, the webhook's CPU per create, status
 writes per create, and the share of calls forwarded by the follower.
 
@@ -496,11 +496,6 @@ def latency_results(
     results.append(result(f"{what} p99", percentile(latencies, 0.99) * 1000, "ms", p99_target))
 
 
-def creates_at(concurrency: int) -> int:
-    """Enough creates that a p99 is not just the largest one or two (200/400/800 at c=1/8/32)."""
-    return {1: 200, 8: 400}.get(concurrency, 25 * concurrency)
-
-
 async def warm_up(cluster: Cluster, namespace: str, quota_of: Any, concurrency: int) -> None:
     """Dry-run creates (they reach the webhook, store nothing) so that neither arm of a pair measures
     connections being opened or a freshly started process's first requests."""
@@ -547,28 +542,56 @@ def histogram_quantile(
     return math.inf
 
 
-async def e2e_pair(
-    cluster: Cluster, webhook: Webhook, quota_of: Any, count: int, concurrency: int
-) -> tuple[list[float], list[float], int, dict[str, float]]:
-    """Creates without the webhook, then (started for this) with it, each in a fresh namespace and only
-    once the previous one is gone. Returns (without, with, admitted with, figures of the webhook's
-    status writes: admissions per write, conflicts)."""
-    ns = await namespace(cluster)
-    await warm_up(cluster, ns, quota_of, concurrency)
-    plain, _ = await timed_creates(cluster, ns, quota_of, count, concurrency)
-    await drop_namespace(cluster, ns)
-    webhook.start()
-    try:
-        await settled(webhook)
-        ns = await namespace(cluster)
-        await warm_up(cluster, ns, quota_of, concurrency)
-        metrics_before = await replica_metrics(webhook)
-        guarded, admitted = await timed_creates(cluster, ns, quota_of, count, concurrency)
-        await asyncio.sleep(0.5)  # the last admissions' writes
-        metrics_after = await replica_metrics(webhook)
-    finally:
-        webhook.stop()
-    await drop_namespace(cluster, ns)
+CONTENDED_HARD = 50  # GPUs of each round's contended quota; twice as many one-GPU creates race for them
+
+
+async def contended_rounds(
+    cluster: Cluster, webhook: Webhook, arms: dict[str, Registration | None], concurrency: int
+) -> tuple[dict[str, list[list[float]]], list[tuple[int, int]], dict[str, float]]:
+    """On one contended quota: ROUNDS interleaved rounds of the arms (order rotating, webhooks running
+    throughout, as in e2e_rounds), each arm 2 * CONTENDED_HARD creates in a namespace of its own. Our
+    arm races for a fresh quota of CONTENDED_HARD each round; the others name a quota that does not
+    exist. Returns each arm's latencies per round, (admitted, status used) of each of our rounds, and
+    figures of the status writes (admissions per write, conflicts)."""
+    names = list(arms)
+    spaces = {arm: await namespace(cluster) for arm in names}
+    samples: dict[str, list[list[float]]] = {arm: [] for arm in names}
+    outcomes: list[tuple[int, int]] = []
+    metrics_before = await replica_metrics(webhook)
+    for round_ in range(ROUNDS):
+        contended = f"bench-contended-{uuid.uuid4().hex[:6]}"
+        await create_quota(cluster, contended, CONTENDED_HARD)
+        try:
+            for arm in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                quota = contended if arm == OURS else f"bench-nowhere-{contended}"
+                registration = arms[arm]
+                if registration is not None:
+                    registration.register()
+                try:
+                    await warm_up(cluster, spaces[arm], lambda i, name=quota: name, concurrency)
+                    latencies, admitted = await timed_creates(
+                        cluster,
+                        spaces[arm],
+                        lambda i, name=quota: name,
+                        2 * CONTENDED_HARD,
+                        concurrency,
+                        prefix=f"c{round_}-",
+                    )
+                finally:
+                    if registration is not None:
+                        registration.unregister()
+                samples[arm].append(latencies)
+                if arm == OURS:
+                    await asyncio.sleep(0.5)  # the last admissions' writes
+                    _status, stored = await cluster.call(
+                        "GET", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{contended}"
+                    )
+                    used = int(((stored or {}).get("status") or {}).get("used", {}).get(GPU, "0"))
+                    outcomes.append((admitted, used))
+        finally:
+            await cluster.call("DELETE", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{contended}")
+    metrics_after = await replica_metrics(webhook)
+    await asyncio.gather(*(drop_namespace(cluster, space) for space in spaces.values()))
     figures = {
         "per_write": metric_delta(metrics_before, metrics_after, "gpuforge_quota_admission_batch_size_sum")
         / max(1.0, metric_delta(metrics_before, metrics_after, "gpuforge_quota_admission_batch_size_count")),
@@ -576,7 +599,54 @@ async def e2e_pair(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="conflict"}'
         ),
     }
-    return plain, guarded, admitted, figures
+    return samples, outcomes, figures
+
+
+def contended_results(
+    results: list[dict[str, Any]],
+    concurrency: int,
+    samples: dict[str, list[list[float]]],
+    outcomes: list[tuple[int, int]],
+    figures: dict[str, float],
+) -> None:
+    what = "one contended quota"
+    pooled = {arm: [x for latencies in rounds for x in latencies] for arm, rounds in samples.items()}
+    for arm, latencies in pooled.items():
+        latency_results(
+            results,
+            f"e2e create, {what}, {arm}, {ROUNDS} rounds pooled, c={concurrency}",
+            latencies,
+            100.0 if arm == OURS else None,
+        )
+    for arm in (OURS, FLOOR):
+        results.append(
+            result(
+                f"e2e p99 {arm} / no webhook, {what}, {ROUNDS} rounds pooled, c={concurrency}",
+                percentile(pooled[arm], 0.99) / percentile(pooled[NONE], 0.99),
+                "x",
+            )
+        )
+    over = sum(
+        max(0, admitted - CONTENDED_HARD) + max(0, used - CONTENDED_HARD) for admitted, used in outcomes
+    )
+    results.append(
+        result(f"contended over-admission, {ROUNDS} rounds, c={concurrency}", over, "deployments", 0)
+    )
+    results.append(
+        result(
+            f"contended admitted, fewest of {ROUNDS} rounds, c={concurrency}",
+            min(admitted for admitted, _ in outcomes),
+            "deployments",
+            CONTENDED_HARD,
+            True,
+        )
+    )
+    results.append(
+        result(f"contended admissions per status write, c={concurrency}", figures["per_write"], "requests")
+    )
+    results.append(
+        result(f"contended status write conflicts (409), c={concurrency}", figures["conflicts"], "writes")
+    )
 
 
 ROUNDS = 3
@@ -750,26 +820,6 @@ def _leader_answer_mean_ms(before: dict[str, dict[str, float]], after: dict[str,
     return 0.0
 
 
-def pair_results(
-    results: list[dict[str, Any]],
-    what: str,
-    concurrency: int,
-    plain: list[float],
-    guarded: list[float],
-    target: float | None = 2.0,
-) -> None:
-    latency_results(results, f"e2e create, {what}, no webhook, c={concurrency}", plain)
-    latency_results(results, f"e2e create, {what}, webhook, c={concurrency}", guarded)
-    results.append(
-        result(
-            f"e2e p99 webhook/no webhook, {what}, c={concurrency}",
-            percentile(guarded, 0.99) / percentile(plain, 0.99),
-            "x",
-            target,
-        )
-    )
-
-
 async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     loads: list[float] = []
@@ -780,7 +830,6 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
         many = [f"bench-many-{i}" for i in range(MANY_QUOTAS)]
         for name in many:
             await create_quota(cluster, name, 100_000)
-        contended_quotas: list[str] = []
         await cluster.call("POST", "/api/v1/namespaces", {"metadata": {"name": "bench-direct"}})
         try:
             # Many quotas: interleaved rounds, both webhooks running, registered in turn.
@@ -821,53 +870,16 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
                     latency_results(
                         results, f"reference allow-all Go webhook, posted to, c={concurrency}", latencies
                     )
+                # One contended quota: interleaved rounds, as above.
+                for concurrency in CONCURRENCY:
+                    loads.append(os.getloadavg()[0])
+                    samples, outcomes, figures = await contended_rounds(cluster, webhook, arms, concurrency)
+                    contended_results(results, concurrency, samples, outcomes, figures)
             finally:
                 floor.stop()
                 webhook.stop()
-
-            # One contended quota: twice as many creates as it holds, in pairs (without, then with).
-            for concurrency in CONCURRENCY:
-                loads.append(os.getloadavg()[0])
-                hard = 50
-                contended = f"bench-contended-{uuid.uuid4().hex[:6]}"
-                contended_quotas.append(contended)
-                await create_quota(cluster, contended, hard)
-                plain, guarded, admitted, figures = await e2e_pair(
-                    cluster, webhook, lambda i, name=contended: name, 2 * hard, concurrency
-                )
-                _status, quota = await cluster.call(
-                    "GET", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{contended}"
-                )
-                used = int(((quota or {}).get("status") or {}).get("used", {}).get(GPU, "0"))
-                pair_results(results, "one contended quota", concurrency, plain, guarded, target=None)
-                results[-2]["target"], results[-2]["ok"] = 100.0, results[-2]["value"] <= 100.0
-                results.append(
-                    result(
-                        f"contended over-admission, c={concurrency}",
-                        max(0, admitted - hard) + max(0, used - hard),
-                        "deployments",
-                        0,
-                    )
-                )
-                results.append(
-                    result(f"contended admitted, c={concurrency}", admitted, "deployments", hard, True)
-                )
-                results.append(
-                    result(
-                        f"contended admissions per status write, c={concurrency}",
-                        figures["per_write"],
-                        "requests",
-                    )
-                )
-                results.append(
-                    result(
-                        f"contended status write conflicts (409), c={concurrency}",
-                        figures["conflicts"],
-                        "writes",
-                    )
-                )
         finally:
-            for name in [*many, *contended_quotas]:
+            for name in many:
                 await cluster.call("DELETE", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{name}")
             await cluster.call("DELETE", "/api/v1/namespaces/bench-direct")
     loads.append(os.getloadavg()[0])
