@@ -545,11 +545,32 @@ def histogram_quantile(
 CONTENDED_HARD = 50  # GPUs of each round's contended quota; twice as many one-GPU creates race for them
 
 
+async def quiet(cluster: Cluster, spaces: list[str], limit: float = 60.0) -> None:
+    """Wait until every Deployment in `spaces` has its pods (most stay Pending: the nodes do not hold
+    thousands of GPUs): the ReplicaSets and pods an arm's creates set off are made, and the next arm
+    starts on a quiet cluster rather than measuring the previous arm's aftermath."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        pending = 0
+        for space in spaces:
+            _status, listed = await cluster.call("GET", f"/apis/apps/v1/namespaces/{space}/deployments")
+            for item in (listed or {}).get("items", []):
+                spec, status = item.get("spec") or {}, item.get("status") or {}
+                pending += status.get("replicas", 0) != spec.get("replicas", 1) or status.get(
+                    "observedGeneration"
+                ) != (item.get("metadata") or {}).get("generation")
+        if not pending:
+            return
+        await asyncio.sleep(0.25)
+    print(f"warning: {pending} Deployments still without their pods after {limit:.0f} s", file=sys.stderr)
+
+
 async def contended_rounds(
     cluster: Cluster, webhook: Webhook, arms: dict[str, Registration | None], concurrency: int
 ) -> tuple[dict[str, list[list[float]]], list[tuple[int, int]], dict[str, float]]:
     """On one contended quota: ROUNDS interleaved rounds of the arms (order rotating, webhooks running
-    throughout, as in e2e_rounds), each arm 2 * CONTENDED_HARD creates in a namespace of its own. Our
+    throughout, as in e2e_rounds), each arm 2 * CONTENDED_HARD creates in a namespace of its own, on a
+    quiet cluster (the target is absolute: no arm may carry the load the one before it set off). Our
     arm races for a fresh quota of CONTENDED_HARD each round; the others name a quota that does not
     exist. Returns each arm's latencies per round, (admitted, status used) of each of our rounds, and
     figures of the status writes (admissions per write, conflicts)."""
@@ -565,6 +586,7 @@ async def contended_rounds(
             for arm in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 quota = contended if arm == OURS else f"bench-nowhere-{contended}"
                 registration = arms[arm]
+                await quiet(cluster, list(spaces.values()))
                 if registration is not None:
                     registration.register()
                 try:
