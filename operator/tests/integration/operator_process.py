@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from gpuforge.devcluster.cluster import free_ports
 
 OPERATOR_DIR = Path(__file__).parents[2]
 DEPLOY = OPERATOR_DIR / "deploy"
@@ -45,9 +46,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, interval
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 # --- reading the cluster through kubectl ------------------------------------------------------------
@@ -112,7 +111,7 @@ class Operator:
     starts: int = 0
 
     def start(self) -> Operator:
-        self.metrics_port, self.liveness_port = free_port(), free_port()
+        self.metrics_port, self.liveness_port = free_ports(2)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("KUBECONFIG", None)
         command = [

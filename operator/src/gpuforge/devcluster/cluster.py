@@ -74,11 +74,17 @@ def state_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "gpuforge" / "clusters"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports, free now. Every socket stays bound until all are picked: closed
+    one by one, the kernel may hand the same port out twice (it once gave the controller-manager and the
+    scheduler the same one; the scheduler exited, and its health check was answered by the other)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)
+        ]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def _proc_start_time(pid: int) -> int | None:
@@ -218,17 +224,8 @@ class DevCluster:
             shutil.rmtree(self.state_dir)  # a stopped cluster's leftovers: start clean
         self.log_dir.mkdir(parents=True)
         pki.write_pki(self.pki_dir)
-        ports = {
-            name: _free_port()
-            for name in (
-                "etcd",
-                "etcd-peer",
-                "apiserver",
-                "kcm",
-                "scheduler",
-                "kwok",
-            )
-        }
+        names = ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok")
+        ports = dict(zip(names, free_ports(len(names)), strict=True))
         state = ClusterState(
             name=self.name,
             profile=api_profile.name,
