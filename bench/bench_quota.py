@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import aiohttp
+from gpuforge.devcluster.cluster import free_ports
 from gpuforge.k8s.quota import load_credentials
 from gpuforge.quota.workloads import gpu_deployment
 
@@ -207,12 +208,6 @@ asyncio.run(run_until_signalled(WebhookOptions(
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Webhook:
     """`replicas` webhook processes sharing one port, electing a leader; the first registers the
     configurations (and removes them when it stops). All serve one certificate, so the API server trusts
@@ -228,8 +223,7 @@ class Webhook:
         (work / "ca.crt").write_bytes(ca.cert_pem)
         (work / "tls.crt").write_bytes(pair.cert_pem)
         (work / "tls.key").write_bytes(pair.key_pem)
-        self.port = _free_port()
-        self.peer_ports = [_free_port() for _ in range(replicas)]
+        self.port, *self.peer_ports = free_ports(1 + replicas)
         self.url = f"https://127.0.0.1:{self.port}"
         self.lease = f"bench-{uuid.uuid4().hex[:6]}"
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -347,7 +341,7 @@ class FloorWebhook:
         self.ca = ca.cert_pem
         self.work = work
         self.binary = floorhook_binary()
-        self.port = _free_port()
+        [self.port] = free_ports(1)
         self.url = f"https://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 

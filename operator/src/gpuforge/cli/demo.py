@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ from gpuforge.constants import (
     NODE_STATE_LABEL,
     SIM_POOL_LABEL,
 )
-from gpuforge.devcluster.cluster import DevCluster
+from gpuforge.devcluster.cluster import DevCluster, free_ports
 from gpuforge.devcluster.pools import GpuSpec, Pool
 from gpuforge.quota.workloads import gpu_deployment
 
@@ -76,13 +75,6 @@ def _repo_root() -> Path:
         if (parent / "galaxy.yml").exists() and (parent / "operator").is_dir():
             return parent
     raise DemoError("run the demo from a gpuforge checkout (make demo)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_for(what: str, check: Callable[[], T], timeout: float = 120.0, interval: float = 0.5) -> T:
@@ -287,7 +279,9 @@ class Demo:
         self.kubectl(
             "wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io"
         )
-        self.start("operator", "operator", "run", "--liveness-port", "0", "--metrics-port", str(_free_port()))
+        self.start(
+            "operator", "operator", "run", "--liveness-port", "0", "--metrics-port", str(free_ports(1)[0])
+        )
         self.start("webhook", "webhook", "run", "--register", "--port", "0", "--name", "gpuforge-demo-quota")
         wait_for(
             "the quota webhook to register",

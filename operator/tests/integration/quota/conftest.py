@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuforge.devcluster.cluster import free_ports
 from gpuforge.quota.workloads import gpu_deployment
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 
@@ -36,12 +36,6 @@ CRD = REPO / "operator" / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"
 GPU = "requests.nvidia.com/gpu"
 LEASE_SECONDS = 6
 ADMITTING = "admitting GpuQuota requests"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -84,7 +78,7 @@ class WebhookProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
-        self.port = _free_port()
+        [self.port] = free_ports(1)
         self.log_dir = log_dir
         self.register = register
         self.tag = tag
