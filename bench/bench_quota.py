@@ -13,8 +13,9 @@ Measured at concurrency 1, 8 and 32:
 - the same AdmissionReviews posted straight to each replica (not through the API server), and to the
   reference: what a client on these two cores sees;
 - on one contended quota (twice as many creates as it holds, a fresh quota each round), interleaved
-  rounds of the same arms, and over-admission (Deployments created beyond its hard, `used` beyond it),
-  which must be zero.
+  rounds of the same arms: the admission latency at the webhook there (the issue's p99 < 100 ms), the
+  API server's timing of the call, the e2e p99 ratio (< 2x, as on many quotas), and over-admission
+  (Deployments created beyond its hard, `used` beyond it), which must be zero.
 Also: what the API server itself measures of the webhook call, the webhook's CPU per create, status
 writes per create, and the share of calls forwarded by the follower.
 
@@ -451,19 +452,29 @@ async def drop_namespace(cluster: Cluster, name: str) -> None:
 WEBHOOK_SERIES = "apiserver_admission_webhook_admission_duration_seconds"
 
 
-async def webhook_seconds(cluster: Cluster) -> tuple[float, float]:
-    """(sum, count) of the API server's own timing of calls to our workloads webhook."""
+WORKLOADS_WEBHOOK = 'name="workloads.quota.gpuforge.io"'  # ours and the reference's: one registered at a time
+
+
+async def apiserver_calls(cluster: Cluster) -> dict[str, dict[str, float]]:
+    """The API server's own histogram of its calls to the workloads webhook (sum, count, buckets),
+    shaped as `replica_metrics` answers (one source, "apiserver") for `metric_delta` and the quantiles."""
     assert cluster.session is not None
     async with cluster.session.get("metrics") as response:
         text = await response.text()
-    total = count = 0.0
+    values: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(WEBHOOK_SERIES) and 'name="workloads.quota.gpuforge.io"' in line:
-            if line.startswith(WEBHOOK_SERIES + "_sum"):
-                total += float(line.rsplit(" ", 1)[1])
-            elif line.startswith(WEBHOOK_SERIES + "_count"):
-                count += float(line.rsplit(" ", 1)[1])
-    return total, count
+        if line.startswith(WEBHOOK_SERIES) and WORKLOADS_WEBHOOK in line:
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    return {"apiserver": values}
+
+
+async def webhook_seconds(cluster: Cluster) -> tuple[float, float]:
+    """(sum, count) of the API server's own timing of calls to our workloads webhook."""
+    calls = await apiserver_calls(cluster)
+    return metric_delta({}, calls, WEBHOOK_SERIES + "_sum"), metric_delta(
+        {}, calls, WEBHOOK_SERIES + "_count"
+    )
 
 
 def result(
@@ -572,6 +583,10 @@ async def contended_rounds(
     spaces = {arm: await namespace(cluster) for arm in names}
     samples: dict[str, list[list[float]]] = {arm: [] for arm in names}
     outcomes: list[tuple[int, int]] = []
+    # The API server's timing of each arm's webhook calls: (before, after) snapshots of every round.
+    calls: dict[str, tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = {
+        arm: ({}, {}) for arm in names
+    }
     metrics_before = await replica_metrics(webhook)
     for round_ in range(ROUNDS):
         contended = f"bench-contended-{uuid.uuid4().hex[:6]}"
@@ -585,6 +600,7 @@ async def contended_rounds(
                     registration.register()
                 try:
                     await warm_up(cluster, spaces[arm], lambda i, name=quota: name, concurrency)
+                    before = await apiserver_calls(cluster)
                     latencies, admitted = await timed_creates(
                         cluster,
                         spaces[arm],
@@ -593,10 +609,14 @@ async def contended_rounds(
                         concurrency,
                         prefix=f"c{round_}-",
                     )
+                    after = await apiserver_calls(cluster)
                 finally:
                     if registration is not None:
                         registration.unregister()
                 samples[arm].append(latencies)
+                # Keyed by round, so that the quantiles and deltas pool the rounds.
+                calls[arm][0][f"round {round_}"] = before["apiserver"]
+                calls[arm][1][f"round {round_}"] = after["apiserver"]
                 if arm == OURS:
                     await asyncio.sleep(0.5)  # the last admissions' writes
                     _status, stored = await cluster.call(
@@ -614,8 +634,42 @@ async def contended_rounds(
         "conflicts": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="conflict"}'
         ),
+        **{
+            f"answer_p{round(fraction * 100)}_ms": histogram_quantile(
+                metrics_before,
+                metrics_after,
+                "gpuforge_quota_admission_duration_seconds",
+                fraction,
+                labels='webhook="workloads"',
+            )
+            * 1000
+            for fraction in (0.5, 0.99)
+        },
     }
+    for arm in (OURS, FLOOR):
+        before, after = calls[arm]
+        count = metric_delta(before, after, WEBHOOK_SERIES + "_count")
+        seconds = metric_delta(before, after, WEBHOOK_SERIES + "_sum")
+        figures[f"apiserver_ms {arm}"] = seconds / max(1.0, count) * 1000
+        figures[f"apiserver_within_100ms {arm}"] = _bucket_share(before, after, "0.1")
     return samples, outcomes, figures
+
+
+def _bucket_share(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], bound: str
+) -> float:
+    """The share of the API server's webhook calls that took at most `bound` seconds (one of the bucket
+    bounds of its histogram: 0.005, 0.025, 0.1, 0.5, ...)."""
+    within = total = 0.0
+    for source, values in after.items():
+        for key, value in values.items():
+            if key.startswith(WEBHOOK_SERIES + "_bucket{"):
+                growth = value - before.get(source, {}).get(key, 0.0)
+                if f'le="{bound}"' in key:
+                    within += growth
+                elif 'le="+Inf"' in key:
+                    total += growth
+    return within / total if total else 0.0
 
 
 def contended_results(
@@ -626,20 +680,46 @@ def contended_results(
     figures: dict[str, float],
 ) -> None:
     what = "one contended quota"
+    # The issue's "p99 under 100 ms" on one contended quota is admission latency at the webhook, which it
+    # measures on many quotas (target 10 ms) and on one contended quota: what contention costs the
+    # webhook. The creates there are held to the issue's e2e ratio, as on many quotas; an absolute e2e
+    # p99 is the machine's figure (the no-webhook arm alone passes 100 ms at c=8/32 here). docs/quota.md.
+    for percent, target in ((50, None), (99, 100.0)):
+        results.append(
+            result(
+                f"webhook admission p{percent} at the webhook, {what}, c={concurrency}",
+                figures[f"answer_p{percent}_ms"],
+                "ms",
+                target,
+            )
+        )
+    for arm, label in ((OURS, "webhook"), (FLOOR, "reference webhook")):
+        results.append(
+            result(
+                f"{label} call as the API server times it, {what}, mean, c={concurrency}",
+                figures[f"apiserver_ms {arm}"],
+                "ms",
+            )
+        )
+        results.append(
+            result(
+                f"{label} calls the API server timed within 100 ms, {what}, c={concurrency}",
+                figures[f"apiserver_within_100ms {arm}"],
+                "share",
+            )
+        )
     pooled = {arm: [x for latencies in rounds for x in latencies] for arm, rounds in samples.items()}
     for arm, latencies in pooled.items():
         latency_results(
-            results,
-            f"e2e create, {what}, {arm}, {ROUNDS} rounds pooled, c={concurrency}",
-            latencies,
-            100.0 if arm == OURS else None,
+            results, f"e2e create, {what}, {arm}, {ROUNDS} rounds pooled, c={concurrency}", latencies
         )
-    for arm in (OURS, FLOOR):
+    for arm, target in ((OURS, 2.0), (FLOOR, None)):
         results.append(
             result(
                 f"e2e p99 {arm} / no webhook, {what}, {ROUNDS} rounds pooled, c={concurrency}",
                 percentile(pooled[arm], 0.99) / percentile(pooled[NONE], 0.99),
                 "x",
+                target,
             )
         )
     over = sum(
