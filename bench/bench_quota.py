@@ -516,6 +516,22 @@ async def warm_up(cluster: Cluster, namespace: str, quota_of: Any, concurrency: 
         await asyncio.gather(*(one(start + i) for i in range(concurrency)))
 
 
+def bucket_growth(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], name: str, labels: str = ""
+) -> dict[float, float]:
+    """The growth of each (cumulative) bucket of histogram `name`, over the series that carry `labels`
+    and over all sources, by upper bound (+Inf as math.inf)."""
+    buckets: dict[float, float] = {}
+    for replica, values in after.items():
+        for key, value in values.items():
+            if key.startswith(name + "_bucket{") and 'le="' in key and labels in key:
+                bound = key.split('le="', 1)[1].split('"', 1)[0]
+                upper = math.inf if bound == "+Inf" else float(bound)
+                growth = value - before.get(replica, {}).get(key, 0.0)
+                buckets[upper] = buckets.get(upper, 0.0) + growth
+    return buckets
+
+
 def histogram_quantile(
     before: dict[str, dict[str, float]],
     after: dict[str, dict[str, float]],
@@ -525,14 +541,7 @@ def histogram_quantile(
 ) -> float:
     """A quantile of the growth of histogram `name` (the series that carry `labels`) over all
     replicas, interpolated within its bucket as Prometheus' histogram_quantile does."""
-    buckets: dict[float, float] = {}
-    for replica, values in after.items():
-        for key, value in values.items():
-            if key.startswith(name + "_bucket{") and 'le="' in key and labels in key:
-                bound = key.split('le="', 1)[1].split('"', 1)[0]
-                upper = math.inf if bound == "+Inf" else float(bound)
-                growth = value - before.get(replica, {}).get(key, 0.0)
-                buckets[upper] = buckets.get(upper, 0.0) + growth
+    buckets = bucket_growth(before, after, name, labels)
     total = buckets.get(math.inf, 0.0)
     if not total:
         return 0.0
@@ -545,6 +554,33 @@ def histogram_quantile(
             return lower + (upper - lower) * (fraction * total - below) / inside if inside else upper
         lower, below = upper, buckets[upper]
     return math.inf
+
+
+def answer_quantiles(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, float]:
+    """p50 and p99 (ms) of the webhook's own answer time to the API server's calls, both replicas."""
+    return {
+        f"answer_p{round(fraction * 100)}_ms": histogram_quantile(
+            before, after, "gpuforge_quota_admission_duration_seconds", fraction, labels='webhook="workloads"'
+        )
+        * 1000
+        for fraction in (0.5, 0.99)
+    }
+
+
+def answer_results(
+    results: list[dict[str, Any]], what: str, figures: dict[str, float], p99_target: float
+) -> None:
+    for percent, target in ((50, None), (99, p99_target)):
+        results.append(
+            result(
+                f"webhook admission p{percent} at the webhook, {what}",
+                figures[f"answer_p{percent}_ms"],
+                "ms",
+                target,
+            )
+        )
 
 
 CONTENDED_HARD = 50  # GPUs of each round's contended quota; twice as many one-GPU creates race for them
@@ -634,42 +670,25 @@ async def contended_rounds(
         "conflicts": metric_delta(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="conflict"}'
         ),
-        **{
-            f"answer_p{round(fraction * 100)}_ms": histogram_quantile(
-                metrics_before,
-                metrics_after,
-                "gpuforge_quota_admission_duration_seconds",
-                fraction,
-                labels='webhook="workloads"',
-            )
-            * 1000
-            for fraction in (0.5, 0.99)
-        },
+        **answer_quantiles(metrics_before, metrics_after),
     }
     for arm in (OURS, FLOOR):
         before, after = calls[arm]
         count = metric_delta(before, after, WEBHOOK_SERIES + "_count")
         seconds = metric_delta(before, after, WEBHOOK_SERIES + "_sum")
         figures[f"apiserver_ms {arm}"] = seconds / max(1.0, count) * 1000
-        figures[f"apiserver_within_100ms {arm}"] = _bucket_share(before, after, "0.1")
+        figures[f"apiserver_within_100ms {arm}"] = _bucket_share(before, after, 0.1)
     return samples, outcomes, figures
 
 
 def _bucket_share(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], bound: str
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], bound: float
 ) -> float:
     """The share of the API server's webhook calls that took at most `bound` seconds (one of the bucket
     bounds of its histogram: 0.005, 0.025, 0.1, 0.5, ...)."""
-    within = total = 0.0
-    for source, values in after.items():
-        for key, value in values.items():
-            if key.startswith(WEBHOOK_SERIES + "_bucket{"):
-                growth = value - before.get(source, {}).get(key, 0.0)
-                if f'le="{bound}"' in key:
-                    within += growth
-                elif 'le="+Inf"' in key:
-                    total += growth
-    return within / total if total else 0.0
+    buckets = bucket_growth(before, after, WEBHOOK_SERIES)
+    total = buckets.get(math.inf, 0.0)
+    return buckets.get(bound, 0.0) / total if total else 0.0
 
 
 def contended_results(
@@ -684,15 +703,7 @@ def contended_results(
     # measures on many quotas (target 10 ms) and on one contended quota: what contention costs the
     # webhook. The creates there are held to the issue's e2e ratio, as on many quotas; an absolute e2e
     # p99 is the machine's figure (the no-webhook arm alone passes 100 ms at c=8/32 here). docs/quota.md.
-    for percent, target in ((50, None), (99, 100.0)):
-        results.append(
-            result(
-                f"webhook admission p{percent} at the webhook, {what}, c={concurrency}",
-                figures[f"answer_p{percent}_ms"],
-                "ms",
-                target,
-            )
-        )
+    answer_results(results, f"{what}, c={concurrency}", figures, p99_target=100.0)
     for arm, label in ((OURS, "webhook"), (FLOOR, "reference webhook")):
         results.append(
             result(
@@ -830,17 +841,7 @@ async def e2e_rounds(
             metrics_before, metrics_after, 'gpuforge_quota_status_writes_total{result="written"}'
         )
         / creates,
-        **{
-            f"answer_p{round(fraction * 100)}_ms": histogram_quantile(
-                metrics_before,
-                metrics_after,
-                "gpuforge_quota_admission_duration_seconds",
-                fraction,
-                labels='webhook="workloads"',
-            )
-            * 1000
-            for fraction in (0.5, 0.99)
-        },
+        **answer_quantiles(metrics_before, metrics_after),
     }
     return samples, figures
 
@@ -878,15 +879,7 @@ def rounds_results(
         results.append(
             result(f"e2e p99 {arm} / no webhook, {what}, highest round, c={concurrency}", per_round[-1], "x")
         )
-    for percent, target in ((50, None), (99, 10.0)):
-        results.append(
-            result(
-                f"webhook admission p{percent} at the webhook, {what}, c={concurrency}",
-                figures[f"answer_p{percent}_ms"],
-                "ms",
-                target,
-            )
-        )
+    answer_results(results, f"{what}, c={concurrency}", figures, p99_target=10.0)
     for name, key, unit in (
         ("webhook call as the API server times it, mean", f"apiserver_ms {OURS}", "ms"),
         ("reference webhook call as the API server times it, mean", f"apiserver_ms {FLOOR}", "ms"),
