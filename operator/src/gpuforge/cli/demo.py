@@ -252,7 +252,11 @@ class Demo:
             recap = playbook.stdout[playbook.stdout.rfind("PLAY RECAP") :].strip()
             console.print(recap or playbook.stdout[-1500:])
             if playbook.returncode != 0:
-                raise DemoError(f"site.yml failed:\n{playbook.stdout[-3000:]}")
+                # Ansible reports a playbook it cannot even load (a role it cannot resolve) on stderr.
+                raise DemoError(
+                    f"ansible-playbook playbooks/site.yml failed ({playbook.returncode}):\n"
+                    f"{playbook.stdout[-3000:]}{playbook.stderr[-3000:]}"
+                )
             features = subprocess.run(
                 ["podman", "exec", str(lab_info["hosts"][0]["container"]), "sh", "-c",
                  "cat /etc/kubernetes/node-feature-discovery/features.d/*"],
