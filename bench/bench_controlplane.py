@@ -1,6 +1,6 @@
 """Local control plane: cold build time, warm `up` time, 1000 simulated nodes registered and Ready.
 
-Targets (issue 2): warm `up` under 20 s; 1000 nodes Ready under 60 s. The cold build (every module
+Targets: warm `up` under 20 s; 1000 nodes Ready under 60 s. The cold build (every module
 downloaded, every package compiled, into an empty temporary cache) takes many minutes: it runs unless
 GPUFORGE_BENCH_SKIP_COLD=1, in which case the time recorded in the cache manifest is reported instead.
 """

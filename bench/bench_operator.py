@@ -6,7 +6,7 @@ made per node (its own requests as counted in gpuforge_api_requests_total; kopf'
 not included), the operator process's peak memory (VmHWM), and the CPU time of one no-op resync (one
 `reconcile` pass over a settled stack, measured in this process with time.process_time): once reading
 the cluster from the watch-fed cache as the operator does, and once listing everything (a cold start).
-Targets (issue 4): Ready under 60 s; no-op resync under 1 s of CPU; peak memory under 250 MiB.
+Targets: Ready under 60 s; no-op resync under 1 s of CPU; peak memory under 250 MiB.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ the wall time is mostly the operator's passes and the control plane's work. Repo
 - API requests per node migrated (gpuforge_api_requests_total during the migration / nodes);
 - the operator process's peak memory (VmHWM), and the machine's load average (other work on the same two
   cores slows the API server: compare runs made under similar load).
-Targets (issue 5): under 2 s per batch of 100 nodes, under 30 requests per node.
+Targets: under 2 s per batch of 100 nodes, under 30 requests per node.
 
 Usage: python bench/bench_upgrade.py --out bench/results/upgrade.json [--nodes 1000]
 """

@@ -198,7 +198,7 @@ class Moment:
 class Recorder:
     """Reads the nodes and pods of the cluster every `interval` seconds in a background thread and runs
     `checks` on each moment; a check returns a problem in words, or None. Complements `Sampler` (which
-    checks the issue's invariants) with checks of one test's own ordering rules."""
+    checks the engine's invariants) with checks of one test's own ordering rules."""
 
     cluster: Any
     checks: list[Callable[[Moment], str | None]]

@@ -5,7 +5,7 @@ that are left alone (paused, the skip label, a node under maintenance by the day
 One small cluster; each test has a pool of its own and a GpuStack selecting just that pool (by the
 simulator's pool label), so the tests are independent of each other and of their order. The operator
 runs as a subprocess with its ServiceAccount's credentials (the shipped RBAC). Every rollout runs under
-the `Sampler` (the issue's invariants) and, where order matters, a `Recorder` checking it moment by moment.
+the `Sampler` (the engine's invariants) and, where order matters, a `Recorder` checking it moment by moment.
 """
 
 from __future__ import annotations

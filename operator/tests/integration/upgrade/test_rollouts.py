@@ -1,5 +1,5 @@
-"""Issue 5's "Done when", on the real local control plane: ordered migrations and upgrades of 30 simulated
-GPU nodes with GPU workloads running, checked at every sampled moment.
+"""The upgrade engine's promises on the real local control plane: ordered migrations and upgrades of 30
+simulated GPU nodes with GPU workloads running, checked at every sampled moment.
 
 The tests of this module run in order on one cluster and one GpuStack (`gpus`), each starting where the
 previous one left it: device plugin -> DRA -> device plugin; DRA again with the operator killed at random

@@ -257,7 +257,7 @@ def test_rollouts_keep_the_invariants_and_converge(
 
 
 def test_a_30_node_migration_with_max_unavailable_3_completes_and_comes_back() -> None:
-    """The issue's scenario in the simulated world: device plugin to DRA, then back, with jobs running."""
+    """The round trip in the simulated world: device plugin to DRA, then back, with jobs running."""
     nodes = [settled_node(f"n{i:02d}", DP, NEW[DP]) for i in range(30)]
     for i, node in enumerate(nodes):
         if i % 2:
