@@ -1,0 +1,187 @@
+"""The operand contract (operands.yaml): what each release of NVIDIA's device plugin and DRA driver
+requires of its pod and how it fails without it. The renderer writes manifests to it; the simulated node
+agent judges plugin pods by it. No I/O beyond reading the packaged data file once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from gpuforge.compat import UnknownRelease, parse_release
+
+DEVICE_PLUGIN = "device-plugin"
+DRA_KUBELET_PLUGIN = "dra-kubelet-plugin"
+DRA_CONTROLLER = "dra-controller"
+COMPONENTS = (DEVICE_PLUGIN, DRA_KUBELET_PLUGIN, DRA_CONTROLLER)
+
+
+class UnsupportedRelease(ValueError):
+    """The contract has no entry a release could be served by; the message says why."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    period_seconds: int
+    failure_threshold: int
+    timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class OperandRelease:
+    component: str
+    version: str
+    required_flags: tuple[str, ...]
+    # flag -> the environment variable that sets it (urfave/cli EnvVars)
+    flag_env: Mapping[str, str]
+    health_port: int | None
+    needs_nvml: bool
+    min_time_slicing_replicas: int | None
+    mig_needs_sys_admin: bool
+    mig_env: Mapping[str, str]
+    checkpoint_format: str | None
+    # a node that ran this release cannot go back to one with another checkpoint format
+    forward_only: bool
+    advertises: tuple[str, ...]
+    errors: Mapping[str, str]
+    startup_probe: Probe | None = None
+    liveness_probe: Probe | None = None
+    config_versions: tuple[str, ...] = field(default=())
+
+    @property
+    def required_env(self) -> tuple[str, ...]:
+        """The env vars a pod must set for the required flags (the binaries are started without flags)."""
+        return tuple(self.flag_env[flag] for flag in self.required_flags)
+
+    def error(self, kind: str, **values: str) -> str:
+        return self.errors[kind].format(**values)
+
+
+@dataclass(frozen=True)
+class OperandContract:
+    releases: Mapping[tuple[str, str], OperandRelease]
+
+    def versions(self, component: str) -> tuple[str, ...]:
+        """In release order, oldest first (the DRA driver's v0.4.0 follows its v25.12.0)."""
+        return tuple(v for c, v in self.releases if c == component)
+
+    def is_older(self, component: str, version: str, than: str) -> bool:
+        order = self.versions(component)
+        return order.index(self.release(component, version).version) < order.index(
+            self.release(component, than).version
+        )
+
+    def release(self, component: str, version: str) -> OperandRelease:
+        """The entry of `version`, or of the newest earlier release of its major line (a patch or
+        pre-release shares its base's contract)."""
+        if component not in COMPONENTS:
+            raise UnsupportedRelease(f"unknown operand component {component!r}")
+        try:
+            wanted = parse_release(version)
+        except UnknownRelease as exc:
+            raise UnsupportedRelease(str(exc)) from None
+        candidates = [v for v in self.versions(component) if parse_release(v)[0] == wanted[0]]
+        earlier = [v for v in candidates if parse_release(v) <= wanted]
+        if not earlier:
+            known = ", ".join(self.versions(component)) or "none"
+            raise UnsupportedRelease(
+                f"{component} {version}: no contract for this release (known: {known}), so gpuforge "
+                "cannot tell what its binaries require"
+            )
+        return self.releases[(component, max(earlier, key=parse_release))]
+
+
+def _probe(data: Mapping[str, Any] | None) -> Probe | None:
+    if not data:
+        return None
+    return Probe(int(data["periodSeconds"]), int(data["failureThreshold"]), int(data["timeoutSeconds"]))
+
+
+def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) -> OperandContract:
+    errors = dict(data["errors"])
+    releases: dict[tuple[str, str], OperandRelease] = {}
+    dp = data["devicePlugin"]["default"]
+    for version in device_plugin_versions:
+        releases[(DEVICE_PLUGIN, version)] = OperandRelease(
+            component=DEVICE_PLUGIN,
+            version=version,
+            required_flags=tuple(dp["requiredFlags"]),
+            flag_env=dict(dp["flagEnv"]),
+            health_port=dp["healthPort"],
+            needs_nvml=bool(dp["needsNvml"]),
+            min_time_slicing_replicas=dp["minTimeSlicingReplicas"],
+            mig_needs_sys_admin=bool(dp["migNeedsSysAdmin"]),
+            mig_env=dict(dp["migEnv"]),
+            checkpoint_format=dp["checkpointFormat"],
+            forward_only=False,
+            advertises=tuple(dp["advertises"]),
+            errors=errors,
+            config_versions=tuple(dp["configVersions"]),
+        )
+    probes = data["draProbes"]
+    for entry in data["draDriver"]:
+        version = entry["version"]
+        plugin, controller = entry["kubeletPlugin"], entry["controller"]
+        has_health = plugin["healthPort"] is not None
+        releases[(DRA_KUBELET_PLUGIN, version)] = OperandRelease(
+            component=DRA_KUBELET_PLUGIN,
+            version=version,
+            required_flags=tuple(plugin["requiredFlags"]),
+            flag_env=dict(plugin["flagEnv"]),
+            health_port=plugin["healthPort"],
+            needs_nvml=True,
+            min_time_slicing_replicas=None,
+            mig_needs_sys_admin=False,
+            mig_env={},
+            checkpoint_format=plugin["checkpointFormat"],
+            forward_only=bool(plugin.get("forwardOnly", False)),
+            advertises=(),
+            errors=errors,
+            startup_probe=_probe(probes["startup"]) if has_health else None,
+            liveness_probe=_probe(probes["liveness"]) if has_health else None,
+        )
+        releases[(DRA_CONTROLLER, version)] = OperandRelease(
+            component=DRA_CONTROLLER,
+            version=version,
+            required_flags=tuple(controller["requiredFlags"]),
+            flag_env=dict(controller["flagEnv"]),
+            health_port=None,
+            needs_nvml=False,
+            min_time_slicing_replicas=None,
+            mig_needs_sys_admin=False,
+            mig_env={},
+            checkpoint_format=None,
+            forward_only=False,
+            advertises=(),
+            errors=errors,
+        )
+    return OperandContract(releases)
+
+
+@functools.cache
+def load_operands() -> OperandContract:
+    """The packaged operands.yaml, for every device-plugin release compat.yaml lists (read once); DRA
+    releases in the file's order, which is release order."""
+    from gpuforge.compat import load
+
+    text = resources.files(__package__).joinpath("operands.yaml").read_text()
+    versions = tuple(r.version for r in load().device_plugin_releases)
+    return from_data(yaml.safe_load(text), versions)
+
+
+def rollback_problem(contract: OperandContract, component: str, current: str, target: str) -> str | None:
+    """Why a node running `current` cannot be taken back to `target`, or None."""
+    now, then = contract.release(component, current), contract.release(component, target)
+    if not contract.is_older(component, target, current) or now.checkpoint_format == then.checkpoint_format:
+        return None
+    if now.forward_only:
+        return (
+            f"{component} {current} writes checkpoint format {now.checkpoint_format}, which {target} "
+            f"cannot read ({now.error('checkpoint_unreadable')}): upgrades to {current} are forward-only"
+        )
+    return None
