@@ -48,6 +48,18 @@ GPU_MODEL_LABEL: Final = f"{GROUP}/gpu-model"
 
 # --- Resources and drivers -----------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+# What NVIDIA's device plugin advertises besides nvidia.com/gpu: `nvidia.com/gpu.shared` with time
+# slicing's renameByDefault (consts.go DefaultSharedResourceNameSuffix) and `nvidia.com/mig-<profile>`
+# (and `.shared`) with the mixed MIG strategy.
+GPU_SHARED_SUFFIX: Final = ".shared"
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
+
+
+def is_gpu_resource(name: str) -> bool:
+    """Whether an extended resource is one of the GPUs (or GPU slices) NVIDIA's device plugin advertises."""
+    return name in (GPU_RESOURCE, GPU_RESOURCE + GPU_SHARED_SUFFIX) or name.startswith(MIG_RESOURCE_PREFIX)
+
+
 DRA_DRIVER_GPU: Final = "gpu.nvidia.com"
 DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins"
 

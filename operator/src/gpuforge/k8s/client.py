@@ -26,13 +26,13 @@ from gpuforge.constants import (
     COMPONENT_LABEL,
     DRA_DRIVER_GPU,
     FIELD_MANAGER,
-    GPU_RESOURCE,
     GROUP,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     PLUGIN_COMPONENTS,
     STACK_LABEL,
     VERSION,
+    is_gpu_resource,
 )
 from gpuforge.k8s.quota import Credentials
 
@@ -52,6 +52,7 @@ KINDS: Mapping[tuple[str, str], tuple[str, bool]] = {
     ("rbac.authorization.k8s.io", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io", "ClusterRoleBinding"): ("clusterrolebindings", False),
     ("resource.k8s.io", "DeviceClass"): ("deviceclasses", False),
+    ("node.k8s.io", "RuntimeClass"): ("runtimeclasses", False),
     ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"): ("validatingadmissionpolicies", False),
     ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"): (
         "validatingadmissionpolicybindings",
@@ -64,6 +65,7 @@ LIST_VERSIONS = {
     "apps": "v1",
     "rbac.authorization.k8s.io": "v1",
     "admissionregistration.k8s.io": "v1",
+    "node.k8s.io": "v1",
 }
 RESOURCE_GROUP = "resource.k8s.io"
 EVENTS_NAMESPACE = "default"  # events about cluster-scoped objects live here, as kubectl expects
@@ -483,7 +485,11 @@ def node_facts(item: Mapping[str, Any], slices: Mapping[str, int]) -> NodeFacts:
         kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion", ""),
         ready=ready,
         unschedulable=bool(spec.get("unschedulable")),
-        gpu_capacity=_int_quantity((status.get("capacity") or {}).get(GPU_RESOURCE, 0)),
+        gpu_capacity=sum(
+            _int_quantity(value)
+            for resource, value in (status.get("capacity") or {}).items()
+            if is_gpu_resource(resource)
+        ),
         dra_slices=slices.get(meta["name"], 0),
     )
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 
-from gpuforge.constants import COMPONENT_LABEL, DRA_DRIVER_GPU, GPU_RESOURCE
+from gpuforge.constants import COMPONENT_LABEL, DRA_DRIVER_GPU, is_gpu_resource
 from gpuforge.upgrade.labelselector import LabelSelector, SelectorError
 from gpuforge.upgrade.model import (
     COMPONENTS,
@@ -198,12 +198,8 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def _is_gpu_resource(name: str) -> bool:
-    return name == GPU_RESOURCE or name.startswith("nvidia.com/mig-")
-
-
 def _gpu_count(resources: Mapping[str, Any] | None) -> int:
-    return sum(_quantity(v) for k, v in (resources or {}).items() if _is_gpu_resource(k))
+    return sum(_quantity(v) for k, v in (resources or {}).items() if is_gpu_resource(k))
 
 
 def _ref(pod: Mapping[str, Any]) -> PodRef:
@@ -233,7 +229,7 @@ def _workload(pod: Mapping[str, Any], claim_holders: set[str]) -> WorkloadPod:
     spec = _get(pod, "spec") or {}
     containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
     requests_gpu = any(
-        _is_gpu_resource(name)
+        is_gpu_resource(name)
         for c in containers
         for section in ("requests", "limits")
         for name in ((c.get("resources") or {}).get(section) or {})

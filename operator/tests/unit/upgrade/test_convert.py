@@ -153,3 +153,23 @@ def test_label_selector(selector: str, labels: dict[str, str], matches: bool) ->
 def test_bad_selector(bad: str) -> None:
     with pytest.raises(SelectorError):
         LabelSelector.parse(bad)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "gpus"),
+    [
+        ({"nvidia.com/gpu": "4"}, 4),
+        # time slicing with renameByDefault: the plugin advertises only the shared name
+        ({"nvidia.com/gpu.shared": "16"}, 16),
+        # MIG mixed: only MIG resources, plain and shared
+        ({"nvidia.com/mig-1g.10gb": "7", "nvidia.com/mig-3g.40gb.shared": "4"}, 11),
+        ({"nvidia.com/gpus": "2", "example.com/gpu": "1", "cpu": "8"}, 0),
+    ],
+)
+def test_every_resource_the_device_plugin_advertises_counts_as_gpus(
+    capacity: dict[str, str], gpus: int
+) -> None:
+    node = {**NODE, "status": {**NODE["status"], "capacity": capacity, "allocatable": capacity}}
+    snapshot = snapshot_from_objects([node], [], now=NOW)
+    (gpu_node,) = snapshot.nodes
+    assert (gpu_node.gpu_capacity, gpu_node.gpu_allocatable) == (gpus, gpus)
