@@ -172,7 +172,9 @@ def _device_plugin() -> Schema:
     time_slicing = _obj(
         "Advertise each GPU several times; pods share it by time slicing (no memory isolation).",
         {
-            "replicas": _int("Advertised replicas per GPU.", default=1, minimum=1),
+            "replicas": _int(
+                "Advertised replicas per GPU (NVIDIA's plugin refuses fewer than 2).", default=2, minimum=2
+            ),
             "renameByDefault": _bool("Advertise nvidia.com/gpu.shared instead of nvidia.com/gpu.", False),
             "failRequestsGreaterThanOne": _bool("Reject requests for more than one shared GPU.", False),
         },
@@ -196,6 +198,13 @@ def _device_plugin() -> Schema:
             ),
             "migStrategy": _str(
                 "How MIG devices are advertised.", default=m.MigStrategy.NONE.value, choices=m.MigStrategy
+            ),
+            "runtimeClassName": _str(
+                "RuntimeClass of the plugin pods, created by the operator with the handler of the same "
+                "name; empty: none (only where nvidia is containerd's default runtime on every node).",
+                default="nvidia",
+                pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$",
+                max_length=253,
             ),
         },
         default={},
@@ -390,6 +399,13 @@ def spec_schema() -> Schema:
             ),
             "tolerations": _arr(
                 "Tolerations of the operand pods.", _toleration(), default=to_dict(m.DEFAULT_TOLERATIONS)
+            ),
+            "driverRoot": _str(
+                "Host path of the NVIDIA driver on the nodes: / (host install), /run/nvidia/driver (GPU "
+                "Operator driver container), /home/kubernetes/bin/nvidia (GKE).",
+                default="/",
+                pattern=r"^/([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?$",
+                max_length=255,
             ),
             "priorityClassName": _str(
                 "PriorityClass of the operand pods.", default=m.DEFAULT_PRIORITY_CLASS, max_length=253

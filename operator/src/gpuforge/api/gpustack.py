@@ -115,7 +115,8 @@ def _nfd_nvidia_selector() -> NodeSelector:
 
 @dataclass(frozen=True)
 class TimeSlicing:
-    replicas: int = 1
+    # NVIDIA's plugin refuses a config with fewer than 2 replicas (api/config/v1/replicas.go).
+    replicas: int = 2
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
 
@@ -137,6 +138,10 @@ class DevicePluginSpec:
     image: str = ""
     config: DevicePluginConfig = field(default_factory=DevicePluginConfig)
     mig_strategy: MigStrategy = MigStrategy.NONE
+    # The RuntimeClass the plugin pods run under, so they reach NVML where nvidia is not containerd's
+    # default runtime (gpuforge's toolkit role leaves runc the default); the operator creates it with
+    # handler of the same name. Empty: no RuntimeClass (nvidia is the default runtime on every node).
+    runtime_class_name: str = "nvidia"
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,9 @@ class GpuStackSpec:
     device_plugin: DevicePluginSpec = field(default_factory=DevicePluginSpec)
     dra: DraSpec = field(default_factory=DraSpec)
     namespace: str = DEFAULT_NAMESPACE
+    # Where the NVIDIA driver lives on the nodes: "/" (installed on the host, as gpuforge's roles do),
+    # "/run/nvidia/driver" (the GPU Operator's driver container) or GKE's "/home/kubernetes/bin/nvidia".
+    driver_root: str = "/"
     tolerations: tuple[Toleration, ...] = DEFAULT_TOLERATIONS
     priority_class_name: str = DEFAULT_PRIORITY_CLASS
     image_pull_secrets: tuple[str, ...] = ()

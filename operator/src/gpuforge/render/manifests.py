@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -27,6 +27,14 @@ from gpuforge.api.gpustack import (
     Mode,
 )
 from gpuforge.compat import Compat
+from gpuforge.compat.operands import (
+    DEVICE_PLUGIN,
+    DRA_KUBELET_PLUGIN,
+    OperandContract,
+    OperandRelease,
+    Probe,
+    load_operands,
+)
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
     COMPONENT_DRA_CONTROLLER,
@@ -62,6 +70,13 @@ VERSION_LABEL = "app.kubernetes.io/version"
 PINNED_LABEL = f"{GROUP}/pinned"
 # Pod template annotation: a hash of the plugin's config, so a config change is a new DaemonSet revision.
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# Where the plugin containers see the host's driver root (NVIDIA's charts and GPU Operator use the same).
+CONTAINER_DRIVER_ROOT = "/driver-root"
+# The device plugin hands GPUs to containers as CDI devices, through both the CRI field and the
+# annotations, as NVIDIA's GPU Operator does with CDI on (controllers/object_controls.go): the runtime
+# injects the devices and driver libraries whether or not nvidia is containerd's default runtime.
+DEVICE_LIST_STRATEGY = ["cdi-annotations", "cdi-cri"]
+CDI_ROOT = "/var/run/cdi"
 
 _DEVICE_CLASS_TYPES = {DEVICE_CLASS_GPU: "gpu", DEVICE_CLASS_MIG: "mig", DEVICE_CLASS_VFIO: "vfio"}
 
@@ -81,6 +96,8 @@ class RenderInput:
     # Releases nodes are pinned to (a rolled-back node: deploy label value = the release): one extra
     # DaemonSet per (mode, release), selecting `<deploy label>=<release>`.
     pinned: frozenset[tuple[Mode, str]] = frozenset()
+    # What each release's binaries require of their pods (compat/operands.yaml).
+    operands_contract: OperandContract = field(default_factory=load_operands)
 
 
 @functools.cache
@@ -107,7 +124,11 @@ def device_plugin_config(stack: GpuStack) -> Manifest:
         "flags": {
             "migStrategy": spec.mig_strategy.value,
             "failOnInitError": True,
-            "plugin": {"passDeviceSpecs": False, "deviceListStrategy": "envvar", "deviceIDStrategy": "uuid"},
+            "plugin": {
+                "passDeviceSpecs": False,
+                "deviceListStrategy": DEVICE_LIST_STRATEGY,
+                "deviceIDStrategy": "uuid",
+            },
         },
     }
     time_slicing = spec.config.sharing.time_slicing
@@ -131,6 +152,23 @@ def pinned_suffix(version: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in version.lower()).strip("-")
 
 
+def _probe(probe: Probe | None) -> dict[str, int] | None:
+    if probe is None:
+        return None
+    return {
+        "periodSeconds": probe.period_seconds,
+        "failureThreshold": probe.failure_threshold,
+        "timeoutSeconds": probe.timeout_seconds,
+    }
+
+
+def _mig_needs(release: OperandRelease, mig_strategy: str) -> tuple[bool, dict[str, str]]:
+    """(add CAP_SYS_ADMIN, extra env) for a device plugin advertising MIG devices."""
+    if mig_strategy == "none":
+        return False, {}
+    return release.mig_needs_sys_admin, dict(release.mig_env)
+
+
 def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> list[dict[str, Any]]:
     """The main DaemonSet of `mode` (deploy label "true") if it is an operand, plus one per pinned release."""
     main_version = (
@@ -149,6 +187,9 @@ def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> lis
             if mode is Mode.DEVICE_PLUGIN
             else inp.compat.dra_release(version)
         )
+        contract = inp.operands_contract.release(
+            DEVICE_PLUGIN if mode is Mode.DEVICE_PLUGIN else DRA_KUBELET_PLUGIN, version
+        )
         out.append(
             {
                 "name": name,
@@ -156,6 +197,9 @@ def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> lis
                 "deploy_value": version if pinned else "true",
                 "pinned": pinned,
                 "image": _image(repository, release.image, version),
+                "health_port": contract.health_port,
+                "startup_probe": _probe(contract.startup_probe),
+                "liveness_probe": _probe(contract.liveness_probe),
             }
         )
     return out
@@ -168,6 +212,10 @@ def _context(inp: RenderInput) -> dict[str, Any]:
     dp = None
     if Mode.DEVICE_PLUGIN in inp.operands | pinned_modes:
         dp_release = inp.compat.device_plugin_release(spec.device_plugin.version)
+        mig_sys_admin, mig_env = _mig_needs(
+            inp.operands_contract.release(DEVICE_PLUGIN, spec.device_plugin.version),
+            spec.device_plugin.mig_strategy.value,
+        )
         config_yaml = yaml.safe_dump(device_plugin_config(stack), sort_keys=False)
         dp = {
             "image": _image(spec.device_plugin.image, dp_release.image, spec.device_plugin.version),
@@ -177,6 +225,9 @@ def _context(inp: RenderInput) -> dict[str, Any]:
             "config_yaml": config_yaml,
             "config_hash": hashlib.sha256(config_yaml.encode()).hexdigest()[:16],
             "mig_strategy": spec.device_plugin.mig_strategy.value,
+            "runtime_class": spec.device_plugin.runtime_class_name,
+            "sys_admin": mig_sys_admin,
+            "mig_env": mig_env,
         }
     dra = None
     if Mode.DRA in inp.operands | pinned_modes:
@@ -228,7 +279,17 @@ def _context(inp: RenderInput) -> dict[str, Any]:
         "version": VERSION_LABEL,
         "pinned": PINNED_LABEL,
     }
-    return {"name": name, "namespace": spec.namespace, "dp": dp, "dra": dra, "pods": pods, "k": keys}
+    return {
+        "name": name,
+        "namespace": spec.namespace,
+        "driver_root": spec.driver_root,
+        "container_driver_root": CONTAINER_DRIVER_ROOT,
+        "cdi_root": CDI_ROOT,
+        "dp": dp,
+        "dra": dra,
+        "pods": pods,
+        "k": keys,
+    }
 
 
 def render(inp: RenderInput) -> list[Manifest]:
