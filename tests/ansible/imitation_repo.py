@@ -2,15 +2,17 @@
 
 Layout mirrors the real servers so the roles only swap a base URL:
 
-    compute/cuda/repos/debian12/x86_64/      flat CUDA repository: driver branches 570 and 580, Debian names
+    compute/cuda/repos/debian12/x86_64/      flat CUDA repository: branches 570 (two versions), 580 and 590,
+                                             Debian's names and "=" dependency graph, pinning packages
     libnvidia-container/stable/deb/amd64/    flat container toolkit repository (key: ../../../gpgkey)
     kernel/                                  linux-headers-<running kernel> (the host's distribution archive)
 
 Packages are stubs built with dpkg-deb: their files sit where the real ones do, and the binaries the roles run
-(`nvidia-smi`, `nvidia-ctk`, the daemons) behave like the real ones against SIMULATED GPUs. Dependencies use
-exact versions like NVIDIA's (`nvidia-driver` depends on `nvidia-smi (= v)` ...), so a role that upgrades
-only one package of a branch hits the real "held broken packages" failure. A throwaway GPG key signs every
-repository (InRelease and Release.gpg).
+(`nvidia-smi`, `nvidia-ctk`, the daemons) behave like the real ones against SIMULATED GPUs. The driver
+packages come from one table, nvidia_packages.py, which names the source of each fact: Debian's names, source
+packages and "=" dependencies (`nvidia-driver` -> `nvidia-driver-libs (= v)` -> ... ), so a role that pins
+only some packages of a branch while a newer branch is in the repository hits the real "held broken
+packages" failure. A throwaway GPG key signs every repository (InRelease and Release.gpg).
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import nvidia_packages
 
 STAMP = ".complete"
 STUBS = Path(__file__).resolve().parent / "stubs"
@@ -29,12 +36,6 @@ TOOLKIT_REPO = "libnvidia-container/stable/deb/amd64"
 KERNEL_REPO = "kernel"
 CUDA_KEY_NAME = "3bf863cc.pub"
 
-# Driver branch -> (versions, CUDA version reported by nvidia-smi). Two versions in 570 so "newest of the
-# branch" is exercised; fabric manager lost its branch suffix with 580, like NVIDIA's packages.
-DRIVER_BRANCHES: dict[str, tuple[tuple[str, ...], str]] = {
-    "570": (("570.158.01", "570.172.08"), "12.8"),
-    "580": (("580.95.05",), "13.0"),
-}
 TOOLKIT_VERSIONS = ("1.17.8", "1.18.1")
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 
@@ -49,6 +50,11 @@ class Package:
     files: dict[str, str] = field(default_factory=dict)  # path in package -> content (usr/bin/*: executable)
     postinst: str = ""
     architecture: str = "amd64"
+    pre_depends: list[str] = field(default_factory=list)
+    recommends: list[str] = field(default_factory=list)
+    provides: list[str] = field(default_factory=list)
+    conffiles: list[str] = field(default_factory=list)
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,71 +117,81 @@ def _daemon(
     )
 
 
-def driver_packages(branch: str, upstream: str, cuda: str) -> list[Package]:
-    dkms_conf = f'PACKAGE_NAME="nvidia-current"\nPACKAGE_VERSION="{upstream}"\nAUTOINSTALL="yes"\n'
-    fabric_name = "nvidia-fabricmanager" if int(branch) >= 580 else f"nvidia-fabricmanager-{branch}"
-    modules = {
-        "nvidia-kernel-dkms": ("binary", "nvidia-current"),
-        "nvidia-kernel-open-dkms": ("open", "nvidia-current-open"),
-    }
-    return family(
-        f"{upstream}-1",
-        [
-            Member(
-                "nvidia-driver",
-                "NVIDIA metapackage (gpuforge imitation)",
-                depends=(
-                    "nvidia-kernel-dkms | nvidia-kernel-open-dkms",
-                    "nvidia-smi",
-                    "libcuda1",
-                    "nvidia-persistenced",
-                ),
-            ),
-            *(
-                Member(
-                    name,
-                    f"NVIDIA {kind} kernel module DKMS source (gpuforge imitation: builds nothing)",
-                    conflicts=tuple(other for other in modules if other != name),
-                    files=((f"usr/src/{source}-{upstream}/dkms.conf", dkms_conf),),
-                )
-                for name, (kind, source) in modules.items()
-            ),
-            Member(
-                "nvidia-smi",
-                "NVIDIA System Management Interface (gpuforge imitation: SIMULATED GPUs)",
-                depends=("libnvidia-ml1",),
-                files=(
-                    ("usr/bin/nvidia-smi", _stub("nvidia-smi", DRIVER_VERSION=upstream, CUDA_VERSION=cuda)),
-                ),
-            ),
-            _library(
-                "libnvidia-ml1",
-                f"libnvidia-ml.so.{upstream}",
-                "NVIDIA Management Library (gpuforge imitation)",
-            ),
-            _library("libcuda1", f"libcuda.so.{upstream}", "NVIDIA CUDA driver library (gpuforge imitation)"),
-            _daemon(
-                "nvidia-persistenced",
-                "nvidia-persistenced",
-                "nvidia-persistenced",
-                "NVIDIA Persistence Daemon",
-                "daemon to maintain persistent software state in the NVIDIA driver (gpuforge imitation)",
-                upstream,
-            ),
-            _daemon(
-                fabric_name,
-                "nv-fabricmanager",
-                "nvidia-fabricmanager",
-                "NVIDIA fabric manager service",
-                "NVIDIA Fabric Manager for NVSwitch systems (gpuforge imitation)",
-                upstream,
-            ),
-            # The trap NVIDIA users hit: a branch metapackage whose ">=" dependency pulls in newer branches.
-            Member(
-                f"cuda-drivers-{branch}", "CUDA driver metapackage", depends=(f"nvidia-driver (>= {branch})",)
-            ),
-        ],
+def _payload(
+    spec: nvidia_packages.DriverPackage, branch: nvidia_packages.Branch, upstream: str
+) -> dict[str, str]:
+    kind, _, rest = spec.payload.partition(":")
+    if kind == "smi":
+        return {"usr/bin/nvidia-smi": _stub("nvidia-smi", DRIVER_VERSION=upstream, CUDA_VERSION=branch.cuda)}
+    if kind == "library":
+        return {f"{LIBDIR}/{rest.format(u=upstream)}": "imitation\n"}
+    if kind == "dkms":
+        dkms_conf = f'PACKAGE_NAME="{rest}"\nPACKAGE_VERSION="{upstream}"\nAUTOINSTALL="yes"\n'
+        return {f"usr/src/{rest}-{upstream}/dkms.conf": dkms_conf}
+    if kind == "daemon":
+        binary, unit = rest.split(":")
+        member = _daemon(spec.name, binary, unit, unit, spec.name, upstream)
+        return dict(member.files)
+    return {}
+
+
+def driver_packages(branch: nvidia_packages.Branch, upstream: str, version: str) -> list[Package]:
+    """Every package of one driver version, as the table in nvidia_packages.py describes it."""
+
+    def fields(entries: tuple[str, ...]) -> list[str]:
+        return [nvidia_packages.fill(entry, branch.branch, upstream, version) for entry in entries]
+
+    return [
+        Package(
+            nvidia_packages.fill(spec.name, branch.branch, upstream, version),
+            version,
+            f"{spec.name} (gpuforge imitation; {spec.origin})",
+            depends=fields(spec.depends),
+            pre_depends=fields(spec.pre_depends),
+            recommends=fields(spec.recommends),
+            provides=fields(spec.provides),
+            conflicts=fields(spec.conflicts),
+            files=_payload(spec, branch, upstream),
+            source=spec.source,
+        )
+        for spec in nvidia_packages.DRIVER_PACKAGES
+        if spec.since <= int(branch.branch) <= spec.until
+    ]
+
+
+def shared_packages() -> list[Package]:
+    return [
+        Package(
+            spec.name, spec.version, f"{spec.name} (gpuforge imitation; {spec.origin})", source=spec.source
+        )
+        for spec in nvidia_packages.SHARED_PACKAGES
+    ]
+
+
+def pinning_package(branch: str) -> Package:
+    path = nvidia_packages.PINNING_FILE.format(b=branch)
+    return Package(
+        f"nvidia-driver-pinning-{branch}",
+        nvidia_packages.PINNING_VERSION.format(b=branch),
+        f"Locks the NVIDIA driver to branch {branch} (gpuforge imitation)",
+        # One pinning package at a time, the Debian way: each provides and conflicts with the virtual name.
+        provides=["nvidia-driver-pinning"],
+        conflicts=["nvidia-driver-pinning"],
+        files={path: nvidia_packages.pinning_preferences(branch)},
+        conffiles=["/" + path],
+        architecture="all",
+        source="nvidia-driver-pinning",
     )
+
+
+def cuda_repository_packages() -> list[Package]:
+    packages = shared_packages()
+    for branch in nvidia_packages.BRANCHES:
+        for upstream, version in nvidia_packages.package_versions(branch):
+            packages += driver_packages(branch, upstream, version)
+        if branch.pinning:
+            packages.append(pinning_package(branch.branch))
+    return packages
 
 
 def toolkit_packages(upstream: str) -> list[Package]:
@@ -245,12 +261,21 @@ def _build_deb(package: Package, out_dir: Path, work: Path) -> None:
         "Section: non-free/libs",
         "Priority: optional",
     ]
-    if package.depends:
-        control.append("Depends: " + ", ".join(package.depends))
-    if package.conflicts:
-        control.append("Conflicts: " + ", ".join(package.conflicts))
+    if package.source and package.source != package.name:
+        control.append(f"Source: {package.source}")
+    for name, entries in (
+        ("Pre-Depends", package.pre_depends),
+        ("Depends", package.depends),
+        ("Recommends", package.recommends),
+        ("Provides", package.provides),
+        ("Conflicts", package.conflicts),
+    ):
+        if entries:
+            control.append(f"{name}: " + ", ".join(entries))
     control.append(f"Description: {package.description}")
     (root / "DEBIAN/control").write_text("\n".join(control) + "\n")
+    if package.conffiles:
+        (root / "DEBIAN/conffiles").write_text("".join(f"{path}\n" for path in package.conffiles))
     if package.postinst:
         (root / "DEBIAN/postinst").write_text(package.postinst)
         (root / "DEBIAN/postinst").chmod(0o755)
@@ -300,12 +325,7 @@ def build(out: Path, kernel_release: str) -> Path:
             subprocess.run([*gpg, "--armor", "--export"], check=True, stdout=handle)
 
         repos = {
-            CUDA_REPO: [
-                pkg
-                for branch, (versions, cuda) in DRIVER_BRANCHES.items()
-                for upstream in versions
-                for pkg in driver_packages(branch, upstream, cuda)
-            ],
+            CUDA_REPO: cuda_repository_packages(),
             TOOLKIT_REPO: [pkg for upstream in TOOLKIT_VERSIONS for pkg in toolkit_packages(upstream)],
             KERNEL_REPO: kernel_packages(kernel_release),
         }
