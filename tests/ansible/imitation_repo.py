@@ -194,12 +194,51 @@ def cuda_repository_packages() -> list[Package]:
     return packages
 
 
+# Toolkit 1.18 added a systemd path and service that regenerate the CDI spec when the kernel's module list
+# changes (deployments/systemd/nvidia-cdi-refresh.{service,path,env}, v1.18.1); the package enables them.
+CDI_REFRESH_ENV = "etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
+CDI_REFRESH_SERVICE = """[Unit]
+Description=Refresh the NVIDIA CDI specification (gpuforge imitation)
+ConditionPathExists=|/usr/bin/nvidia-smi
+ConditionPathExists=|/usr/sbin/nvidia-smi
+ConditionPathExists=/usr/bin/nvidia-ctk
+After=multi-user.target
+
+[Service]
+Type=oneshot
+Environment=NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/var/run/cdi/nvidia.yaml
+EnvironmentFile=-/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env
+ExecCondition=/usr/bin/grep -qE '/(nvidia|nvidia-current)\\\\.ko' /lib/modules/%v/modules.dep
+ExecStart=/usr/bin/nvidia-ctk cdi generate
+RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+CDI_REFRESH_PATH = """[Unit]
+Description=Refresh the NVIDIA CDI specification when the kernel modules change (gpuforge imitation)
+
+[Path]
+PathChanged=/lib/modules/%v/modules.dep
+PathChanged=/lib/modules/%v/modules.dep.bin
+
+[Install]
+WantedBy=multi-user.target
+"""
+CDI_REFRESH_POSTINST = """#!/bin/sh
+set -e
+if [ "$1" = configure ] && [ -d /run/systemd/system ]; then
+    systemctl --no-reload enable nvidia-cdi-refresh.path nvidia-cdi-refresh.service >/dev/null 2>&1 || true
+fi
+"""
+
+
 def toolkit_packages(upstream: str) -> list[Package]:
     runtime = (
         '#!/bin/sh\n# nvidia-container-runtime (gpuforge imitation): hands over to runc.\nexec runc "$@"\n'
     )
     cli = "#!/bin/sh\necho 'nvidia-container-cli (gpuforge imitation): SIMULATED GPUs only' >&2\nexit 1\n"
-    return family(
+    packages = family(
         f"{upstream}-1",
         [
             Member(
@@ -228,6 +267,18 @@ def toolkit_packages(upstream: str) -> list[Package]:
             ),
         ],
     )
+    if tuple(int(part) for part in upstream.split(".")[:2]) >= (1, 18):
+        base = next(package for package in packages if package.name == "nvidia-container-toolkit-base")
+        base.files.update(
+            {
+                "lib/systemd/system/nvidia-cdi-refresh.service": CDI_REFRESH_SERVICE,
+                "lib/systemd/system/nvidia-cdi-refresh.path": CDI_REFRESH_PATH,
+                CDI_REFRESH_ENV: "# NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/var/run/cdi/nvidia.yaml\n",
+            }
+        )
+        base.conffiles.append("/" + CDI_REFRESH_ENV)
+        base.postinst = CDI_REFRESH_POSTINST
+    return packages
 
 
 def kernel_packages(kernel_release: str) -> list[Package]:
