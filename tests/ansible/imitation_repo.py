@@ -55,6 +55,7 @@ class Package:
     provides: list[str] = field(default_factory=list)
     conffiles: list[str] = field(default_factory=list)
     source: str = ""
+    blobs: dict[str, Path] = field(default_factory=dict)  # path in package -> file copied as it is
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,20 @@ fi
 """
 
 
-def toolkit_packages(upstream: str) -> list[Package]:
+# With NVIDIA's real nvidia-ctk (real_ctk.py): it answers everything but `cdi generate`, which needs NVML
+# and a GPU and so stays with the imitation (simulated GPUs).
+REAL_CTK = "usr/libexec/gpuforge/nvidia-ctk"
+SIMULATED_CTK = "usr/libexec/gpuforge/nvidia-ctk-simulated"
+CTK_WRAPPER = f"""#!/bin/sh
+# nvidia-ctk (gpuforge lab): NVIDIA's own binary, except `cdi generate`, which sees the simulated GPUs.
+if [ "$1" = cdi ] && [ "$2" = generate ]; then
+    exec /{SIMULATED_CTK} "$@"
+fi
+exec /{REAL_CTK} "$@"
+"""
+
+
+def toolkit_packages(upstream: str, real_ctk: Path | None = None) -> list[Package]:
     runtime = (
         '#!/bin/sh\n# nvidia-container-runtime (gpuforge imitation): hands over to runc.\nexec runc "$@"\n'
     )
@@ -278,6 +292,11 @@ def toolkit_packages(upstream: str) -> list[Package]:
         )
         base.conffiles.append("/" + CDI_REFRESH_ENV)
         base.postinst = CDI_REFRESH_POSTINST
+    if real_ctk is not None:
+        base = next(package for package in packages if package.name == "nvidia-container-toolkit-base")
+        base.files[SIMULATED_CTK] = base.files.pop("usr/bin/nvidia-ctk")
+        base.files["usr/bin/nvidia-ctk"] = CTK_WRAPPER
+        base.blobs[REAL_CTK] = real_ctk
     return packages
 
 
@@ -303,7 +322,12 @@ def _build_deb(package: Package, out_dir: Path, work: Path) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
-        path.chmod(0o755 if rel.startswith("usr/bin/") else 0o644)
+        path.chmod(0o755 if rel.startswith(("usr/bin/", "usr/libexec/")) else 0o644)
+    for rel, origin in package.blobs.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(origin, path)
+        path.chmod(0o755)
     control = [
         f"Package: {package.name}",
         f"Version: {package.version}",
@@ -357,8 +381,11 @@ def _index_and_sign(repo: Path, gnupg_home: Path, key_file: Path) -> None:
     shutil.copy(key_file, repo / (CUDA_KEY_NAME if repo.name == "x86_64" else "repo.pub"))
 
 
-def build(out: Path, kernel_release: str) -> Path:
-    """Build every repository under `out` (replacing it); return `out`."""
+def build(out: Path, kernel_release: str, real_ctk: dict[str, Path] | None = None) -> Path:
+    """Build every repository under `out` (replacing it); return `out`.
+
+    `real_ctk` maps toolkit versions to NVIDIA's real nvidia-ctk binary for that version (see real_ctk.py).
+    """
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="gpuforge-repo-") as tmp:
@@ -377,7 +404,11 @@ def build(out: Path, kernel_release: str) -> Path:
 
         repos = {
             CUDA_REPO: cuda_repository_packages(),
-            TOOLKIT_REPO: [pkg for upstream in TOOLKIT_VERSIONS for pkg in toolkit_packages(upstream)],
+            TOOLKIT_REPO: [
+                pkg
+                for upstream in TOOLKIT_VERSIONS
+                for pkg in toolkit_packages(upstream, (real_ctk or {}).get(upstream))
+            ],
             KERNEL_REPO: kernel_packages(kernel_release),
         }
         for rel, packages in repos.items():

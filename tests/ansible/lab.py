@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import imitation_repo
+import real_ctk
 
 # Bump when the image recipe changes; the cache key also covers the package list.
 IMAGE_RECIPE_VERSION = "3"
@@ -292,10 +293,16 @@ def _wait_for_port(port: int, timeout: float) -> bool:
     return False
 
 
+def _real_ctk() -> dict[str, Path]:
+    """NVIDIA's nvidia-ctk for the toolkit version it is built for (once, then cached); empty without Go."""
+    binary = real_ctk.ensure(real_ctk.VERSION)
+    return {real_ctk.VERSION: binary} if binary else {}
+
+
 def _start_repo_server(state: Path) -> int:
     repo = state / "repo"
     if not (repo / imitation_repo.STAMP).is_file():
-        imitation_repo.build(repo, kernel_release=os.uname().release)
+        imitation_repo.build(repo, kernel_release=os.uname().release, real_ctk=_real_ctk())
     port = _free_port()
     log_file = (state / "repo-server.log").open("w")
     server = subprocess.Popen(
@@ -501,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "image":
         print(build_image(args.os, force=args.rebuild))
     elif args.command == "repo":
-        imitation_repo.build(args.directory, kernel_release=os.uname().release)
+        imitation_repo.build(args.directory, kernel_release=os.uname().release, real_ctk=_real_ctk())
         print(args.directory)
     elif args.command == "up":
         specs = [HostSpec.parse(text) for text in args.host]
