@@ -48,6 +48,24 @@ options:
     description: Also gather what M(gpuforge.nodes.gpu_facts) returns (same module run, same result).
     type: bool
     default: false
+  package_index:
+    description:
+      - Also report every package dpkg knows in an installed or config-files state, with its source package
+        (apt systems only; empty elsewhere).
+    type: bool
+    default: false
+  apt_sources:
+    description:
+      - Also report the apt source files naming one of these repository URIs, as M(gpuforge.nodes.apt_sources)
+        does (apt systems only).
+    type: list
+    elements: str
+    default: []
+  apt_sources_exclude:
+    description: Source files not to report under I(apt_sources) (the one the role manages itself).
+    type: list
+    elements: path
+    default: []
 author:
   - gpuforge maintainers
 """
@@ -89,13 +107,26 @@ gpu_facts:
   description: The result of M(gpuforge.nodes.gpu_facts) with default options; empty unless asked for.
   returned: always
   type: dict
+package_index:
+  description: >-
+    With I(package_index), one item per package in an installed or config-files state:
+    C([status, source package, package, version]) (status as dpkg's C(db:Status-Status)).
+  returned: always
+  type: list
+  elements: list
+apt_sources:
+  description: With I(apt_sources), the files naming those URIs, as M(gpuforge.nodes.apt_sources) returns them.
+  returned: always
+  type: list
+  elements: dict
 """
 
+import glob
 import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuforge.nodes.plugins.module_utils import gpu_probe, node_state
+from ansible_collections.gpuforge.nodes.plugins.module_utils import apt_sources, gpu_probe, node_state
 
 CONTENT_LIMIT = 65536
 
@@ -185,6 +216,34 @@ def read_file(path):
     }
 
 
+PACKAGE_INDEX_FORMAT = "${db:Status-Status} ${source:Package} ${Package} ${Version}\\n"
+
+
+def read_package_index(module):
+    dpkg = module.get_bin_path("dpkg-query")
+    if not dpkg:
+        return []
+    out = _run(module, [dpkg, "--show", "--showformat=" + PACKAGE_INDEX_FORMAT])
+    rows = [line.split() for line in out.splitlines()]
+    return [row for row in rows if len(row) == 4 and row[0] in ("installed", "config-files")]
+
+
+def read_apt_sources(module, uris, exclude):
+    dpkg = module.get_bin_path("dpkg")
+    if not uris or not dpkg:
+        return []
+    arch = _run(module, [dpkg, "--print-architecture"]).strip()
+    paths = ["/etc/apt/sources.list"]
+    for pattern in ("*.list", "*.sources"):
+        paths += sorted(glob.glob(os.path.join("/etc/apt/sources.list.d", pattern)))
+    files = {}
+    for path in paths:
+        record = read_file(path)
+        if record["content"] is not None:
+            files[path] = record["content"]
+    return apt_sources.matching_files(files, uris, arch, exclude=exclude)
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -194,6 +253,9 @@ def main():
             "services": {"type": "list", "elements": "str", "default": []},
             "files": {"type": "list", "elements": "path", "default": []},
             "gpu_facts": {"type": "bool", "default": False},
+            "package_index": {"type": "bool", "default": False},
+            "apt_sources": {"type": "list", "elements": "str", "default": []},
+            "apt_sources_exclude": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
@@ -206,6 +268,8 @@ def main():
         services=read_services(module, params["services"]),
         files=dict((path, read_file(path)) for path in params["files"]),
         gpu_facts=gpu_probe.probe(module) if params["gpu_facts"] else {},
+        package_index=read_package_index(module) if params["package_index"] else [],
+        apt_sources=read_apt_sources(module, params["apt_sources"], params["apt_sources_exclude"]),
     )
 
 
