@@ -4,8 +4,8 @@ The imitation toolkit package carries this binary for everything but `cdi genera
 GPU, so its view of the GPUs stays simulated): `runtime configure` runs NVIDIA's own code against the lab's
 real containerd, and `cdi list` reads the specs with NVIDIA's own CDI parsing.
 
-    ~/.cache/gpuforge/ansible/nvidia-ctk/<version>/nvidia-ctk          the binary
-    ~/.cache/gpuforge/ansible/nvidia-ctk/<version>/nvidia-ctk.sha256   its checksum, written after a build
+    $GPUFORGE_CACHE/ansible/nvidia-ctk/<version>/nvidia-ctk          the binary
+    $GPUFORGE_CACHE/ansible/nvidia-ctk/<version>/nvidia-ctk.sha256   its checksum, written after a build
 
 A binary whose checksum does not match, or that does not run, is rebuilt.
 """
@@ -26,6 +26,10 @@ GO = Path(os.environ.get("GPUFORGE_GO", "/usr/local/go/bin/go"))
 
 
 def cache_root() -> Path:
+    """The lab's cache, beside the control-plane build (lab.cache_dir)."""
+    explicit = os.environ.get("GPUFORGE_CACHE")
+    if explicit:
+        return Path(explicit) / "ansible"
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return base / "gpuforge" / "ansible"
 
