@@ -145,6 +145,13 @@ def stacks(op_cluster: Any, operator: Operator) -> Iterator[list[str]]:
             "spec.nodeSelector.nodeSelectorTerms[0].matchExpressions",
         ),
         ({"upgradePolicy": {"maxUnavailable": "110%"}}, "spec.upgradePolicy.maxUnavailable"),
+        # NVIDIA's device plugin refuses a time-slicing config with fewer than 2 replicas.
+        (
+            {"devicePlugin": {"config": {"sharing": {"timeSlicing": {"replicas": 1}}}}},
+            "spec.devicePlugin.config.sharing.timeSlicing.replicas",
+        ),
+        ({"driverRoot": "run/nvidia/driver"}, "spec.driverRoot"),
+        ({"devicePlugin": {"runtimeClassName": "Nvidia"}}, "spec.devicePlugin.runtimeClassName"),
     ],
 )
 def test_invalid_gpustack_is_rejected_naming_the_field(
