@@ -63,6 +63,15 @@ def is_gpu_resource(name: str) -> bool:
 DRA_DRIVER_GPU: Final = "gpu.nvidia.com"
 DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins"
 
+# --- NVIDIA's GPU Operator ---------------------------------------------------------------------------
+# Its per-node deploy labels for the operands that advertise GPUs (controllers/state_manager.go
+# gpuStateLabels): "true" where its device plugin or DRA driver runs. A second plugin on such a node
+# would advertise the same GPUs twice.
+GPU_OPERATOR_DEPLOY_LABELS: Final = (
+    "nvidia.com/gpu.deploy.device-plugin",
+    "nvidia.com/gpu.deploy.dra-driver",
+)
+
 # --- Labels NFD and GPU Feature Discovery put on GPU nodes ----------------------------------------
 NFD_PCI_NVIDIA_LABELS: Final = (
     "feature.node.kubernetes.io/pci-10de.present",  # deviceLabelFields: [vendor], as NVIDIA's charts set

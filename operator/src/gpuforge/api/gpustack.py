@@ -285,7 +285,7 @@ class NodeCounts:
     ready: int = 0
     pending: int = 0
     switching: int = 0
-    refused: int = 0
+    refused: int = 0  # the operand cannot serve them, or another stack (GPU Operator) does
     conflict: int = 0
 
 

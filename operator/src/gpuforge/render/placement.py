@@ -8,6 +8,8 @@ kubelet plugin) that the operand DaemonSets select on.
 Rules:
 - Two GpuStacks selecting one node: the older one (creation time, then name) gets it; the younger reports
   a conflict naming the node and the other stack, and lets go of the node if it held it.
+- A node where NVIDIA's GPU Operator deploys its own device plugin or DRA driver is left to it (named in
+  a condition; a node the stack held is released): two plugins would advertise the same GPUs twice.
 - A node whose kubelet (or the API server) cannot work with the operand is refused, named in a condition;
   a node already running the operand is left running.
 - Which operand runs on a node (the deploy labels) is decided node by node by the upgrade engine
@@ -32,6 +34,7 @@ from gpuforge.constants import (
     COMPONENT_DRA_KUBELET_PLUGIN,
     DEPLOY_DEVICE_PLUGIN_LABEL,
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    GPU_OPERATOR_DEPLOY_LABELS,
     STACK_LABEL,
 )
 
@@ -44,6 +47,7 @@ class NodeState(enum.StrEnum):
     SWITCHING = "switching"  # the other mode's operand is leaving the node
     REFUSED = "refused"  # the spec cannot work on this node (kubelet, API versions)
     CONFLICT = "conflict"  # an older GpuStack selects the node
+    ELSEWHERE = "elsewhere"  # another stack (NVIDIA's GPU Operator) serves the node's GPUs
 
 
 DEPLOY_LABEL = {Mode.DEVICE_PLUGIN: DEPLOY_DEVICE_PLUGIN_LABEL, Mode.DRA: DEPLOY_DRA_KUBELET_PLUGIN_LABEL}
@@ -177,6 +181,14 @@ def needs_claim_check(stack: GpuStack, nodes: Iterable[NodeFacts], stacks: Seque
     return out
 
 
+def served_elsewhere(node: NodeFacts) -> str | None:
+    """Why another stack serves this node's GPUs, or None."""
+    for label in GPU_OPERATOR_DEPLOY_LABELS:
+        if node.labels.get(label) == "true":
+            return f"NVIDIA's GPU Operator deploys its plugin here ({label}=true)"
+    return None
+
+
 def _older_owner(stack: GpuStack, node: NodeFacts, stacks: Sequence[GpuStack]) -> GpuStack | None:
     older = [s for s in stacks if s.age_key < stack.age_key and selects(s.spec.node_selector, node.labels)]
     return min(older, key=lambda s: s.age_key) if older else None
@@ -223,6 +235,7 @@ def place(
     planned: set[str] = set()
     conflicts: dict[str, list[str]] = {}
     refusals: dict[str, list[str]] = {}
+    foreign: dict[str, list[str]] = {}
     for node in nodes:
         held_by = node.labels.get(STACK_LABEL)
         if not selects(stack.spec.node_selector, node.labels):
@@ -236,6 +249,12 @@ def place(
             steps.append(
                 NodeStep(node.name, NodeState.CONFLICT, detail=f"selected by older GpuStack {owner.name}")
             )
+            continue
+        if elsewhere := served_elsewhere(node):
+            foreign.setdefault(elsewhere, []).append(node.name)
+            if held_by == stack.name:
+                releases.append(release(node))
+            steps.append(NodeStep(node.name, NodeState.ELSEWHERE, detail=elsewhere))
             continue
         if held_by not in (None, stack.name) and held_by in existing:
             steps.append(NodeStep(node.name, NodeState.PENDING, detail=f"GpuStack {held_by} is releasing it"))
@@ -253,6 +272,9 @@ def place(
     for owner_name, names in sorted(conflicts.items()):
         message = f"older GpuStack {owner_name} also selects nodes {_names(names)}"
         problems.append(Problem(c.NODE_CONFLICT, message, tuple(names)))
+    for why, names in sorted(foreign.items()):
+        message = f"{why}: gpuforge leaves nodes {_names(names)} to it"
+        problems.append(Problem(c.SERVED_ELSEWHERE, message, tuple(names)))
     for refusal, names in sorted(refusals.items()):
         reason = c.DRA_API_NOT_SERVED if dra_api is None and mode is Mode.DRA else c.INCOMPATIBLE_KUBELET
         if refusal == stack_refusal and reason != c.DRA_API_NOT_SERVED:

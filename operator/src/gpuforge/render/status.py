@@ -47,7 +47,7 @@ def compute_status(
         ready=states[NodeState.READY],
         pending=states[NodeState.PENDING],
         switching=states[NodeState.SWITCHING],
-        refused=states[NodeState.REFUSED],
+        refused=states[NodeState.REFUSED] + states[NodeState.ELSEWHERE],  # both: not served by this stack
         conflict=states[NodeState.CONFLICT],
     )
     served = counts.ready + counts.pending + counts.switching

@@ -261,3 +261,25 @@ def test_dra_refused_nodes_stay_with_the_upgrade_engine() -> None:
     facts = node("old-0", labels={**MINE, DP_LABEL: "true"}, kubelet="v1.31.4", gpu=8)
     placement = place(stack(mode=Mode.DRA), [facts], [stack(mode=Mode.DRA)], [], ALL_APIS, C)
     assert placement.steps[0].state is NodeState.REFUSED and placement.planned == frozenset({"old-0"})
+
+
+@pytest.mark.parametrize("label", ["nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.dra-driver"])
+@pytest.mark.parametrize("mode", [Mode.DEVICE_PLUGIN, Mode.DRA])
+def test_nodes_the_gpu_operator_serves_are_left_to_it(label: str, mode: Mode) -> None:
+    nodes = [
+        node("g1", labels={label: "true"}),
+        # held before the GPU Operator came: released, so only one plugin advertises its GPUs
+        node("g2", labels={label: "true", **MINE, DP_LABEL: "true"}, gpu=8),
+        # the GPU Operator paused or opted out: ours to serve
+        node("g3", labels={label: "paused-for-driver-upgrade"}),
+        node("g4"),
+    ]
+    placement = place(stack(mode=mode), nodes, [stack(mode=mode)], [], ALL_APIS, C)
+    states = {s.node: s.state for s in placement.steps}
+    assert states["g1"] is states["g2"] is NodeState.ELSEWHERE
+    assert NodeState.ELSEWHERE not in (states["g3"], states["g4"])
+    assert placement.planned == frozenset({"g3", "g4"})
+    assert [r.node for r in placement.releases] == ["g2"]
+    (problem,) = placement.problems
+    assert problem.reason == c.SERVED_ELSEWHERE and problem.nodes == ("g1", "g2")
+    assert "GPU Operator" in problem.message and label in problem.message and "g1, g2" in problem.message

@@ -74,6 +74,18 @@ def test_conflict_degrades_but_served_nodes_are_ready() -> None:
     assert status.phase is Phase.DEGRADED and status.nodes.conflict == 1 and status.nodes_ready == "1/2"
 
 
+def test_nodes_another_stack_serves_are_named_and_the_rest_is_ready() -> None:
+    message = "NVIDIA's GPU Operator deploys its plugin here (...): gpuforge leaves nodes n1 to it"
+    problem = Problem(c.SERVED_ELSEWHERE, message, ("n1",))
+    status = compute_status(
+        STACK, placement(NodeState.READY, NodeState.ELSEWHERE, problems=(problem,)), (), T0
+    )
+    assert conditions(status)[c.READY] == ("True", c.ALL_NODES_READY)
+    degraded = next(x for x in status.conditions if x.type == c.DEGRADED)
+    assert (degraded.status, degraded.reason) == ("True", c.SERVED_ELSEWHERE) and "n1" in degraded.message
+    assert status.nodes.refused == 1 and status.nodes_ready == "1/2"
+
+
 def test_everything_refused_is_not_ready() -> None:
     problem = Problem(c.DRA_API_NOT_SERVED, "no API", ("n0",))
     status = compute_status(STACK, placement(NodeState.REFUSED, problems=(problem,)), (), T0)
