@@ -184,8 +184,11 @@ def needs_claim_check(stack: GpuStack, nodes: Iterable[NodeFacts], stacks: Seque
 def served_elsewhere(node: NodeFacts) -> str | None:
     """Why another stack serves this node's GPUs, or None."""
     for label in GPU_OPERATOR_DEPLOY_LABELS:
-        if node.labels.get(label) == "true":
-            return f"NVIDIA's GPU Operator deploys its plugin here ({label}=true)"
+        # "true", or "paused-for-driver-upgrade" while its driver upgrade holds the plugin off the node
+        # (it puts "true" back afterwards); absent or "false": the GPU Operator leaves the node alone.
+        value = node.labels.get(label, "")
+        if value not in ("", "false"):
+            return f"NVIDIA's GPU Operator deploys its plugin here ({label}={value})"
     return None
 
 

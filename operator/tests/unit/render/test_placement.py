@@ -270,16 +270,19 @@ def test_nodes_the_gpu_operator_serves_are_left_to_it(label: str, mode: Mode) ->
         node("g1", labels={label: "true"}),
         # held before the GPU Operator came: released, so only one plugin advertises its GPUs
         node("g2", labels={label: "true", **MINE, DP_LABEL: "true"}, gpu=8),
-        # the GPU Operator paused or opted out: ours to serve
-        node("g3", labels={label: "paused-for-driver-upgrade"}),
+        # its driver upgrade holds its plugin off the node for a while: still its node
+        node("g5", labels={label: "paused-for-driver-upgrade"}),
+        # the GPU Operator does not deploy its plugin here: ours to serve
+        node("g3", labels={label: "false"}),
         node("g4"),
     ]
     placement = place(stack(mode=mode), nodes, [stack(mode=mode)], [], ALL_APIS, C)
     states = {s.node: s.state for s in placement.steps}
-    assert states["g1"] is states["g2"] is NodeState.ELSEWHERE
+    assert states["g1"] is states["g2"] is states["g5"] is NodeState.ELSEWHERE
     assert NodeState.ELSEWHERE not in (states["g3"], states["g4"])
     assert placement.planned == frozenset({"g3", "g4"})
     assert [r.node for r in placement.releases] == ["g2"]
-    (problem,) = placement.problems
-    assert problem.reason == c.SERVED_ELSEWHERE and problem.nodes == ("g1", "g2")
-    assert "GPU Operator" in problem.message and label in problem.message and "g1, g2" in problem.message
+    true, paused = sorted(placement.problems, key=lambda p: p.nodes)
+    assert true.reason == paused.reason == c.SERVED_ELSEWHERE
+    assert (true.nodes, paused.nodes) == (("g1", "g2"), ("g5",))
+    assert "GPU Operator" in true.message and f"{label}=true" in true.message and "g1, g2" in true.message
