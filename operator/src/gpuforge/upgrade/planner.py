@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gpuforge.compat.operands import DRA_KUBELET_PLUGIN, UnsupportedRelease, load_operands, rollback_problem
 from gpuforge.constants import NODE_STATE_LABEL, STACK_LABEL
 from gpuforge.upgrade.model import (
     COMPONENTS,
@@ -97,6 +98,17 @@ class Placement:
             return cls(Mode(mode), version) if sep and version else None
         except ValueError:
             return None
+
+
+def _rollback_refused(target: Placement, origin: Placement) -> str | None:
+    """Why a node that started on `target` must not go back to `origin`: a DRA driver release whose
+    checkpoint the older release cannot read (NVIDIA documents those upgrades as forward-only)."""
+    if target.mode is not Mode.DRA or origin.mode is not Mode.DRA:
+        return None
+    try:
+        return rollback_problem(load_operands(), DRA_KUBELET_PLUGIN, target.version, origin.version)
+    except UnsupportedRelease:
+        return None
 
 
 class Change(enum.Enum):
@@ -594,6 +606,13 @@ class _NodePlanner:
             step = self.finish(
                 NodeState.UPGRADE_FAILED, f"failed before any change: {reason}", keep_failure=True
             )
+        elif (
+            policy.on_failure is OnFailure.ROLLBACK
+            and origin is not None
+            and origin.mode is not None
+            and (refused := _rollback_refused(self.ctx.target, origin))
+        ):
+            step = _Step(NodeState.UPGRADE_FAILED, message=f"failed: {reason}; not rolled back: {refused}")
         elif policy.on_failure is OnFailure.ROLLBACK and origin is not None and origin.mode is not None:
             step = _Step(
                 NodeState.ROLLBACK_REQUIRED, message=f"failed: {reason}; rolling back to {origin}", chain=True

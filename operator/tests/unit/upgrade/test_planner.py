@@ -784,3 +784,18 @@ def test_what_a_transition_means_for_slots_and_for_the_order_of_writes() -> None
     assert by_node["w"].records_waiting and not by_node["w"].starts  # only its state label and timer
     finishing = only(step(in_flight(S.VALIDATION_REQUIRED, mode=DRA, held=False)))
     assert finishing.ends and finishing.to_state is S.UPGRADE_DONE
+
+
+def test_no_rollback_onto_a_checkpoint_the_older_release_cannot_read() -> None:
+    # v0.4.0 writes a checkpoint with a boot ID that v25.x reads as corrupted: the node stays failed,
+    # named with why, instead of being handed to a plugin that cannot unprepare its claims.
+    n = validating(operand_ready=False, advertising=False, since=600, origin="dra@v25.12.0", version="v0.4.0")
+    t = only(step(n, Policy(on_failure=OnFailure.ROLLBACK), versions={DP: "v0.17.0", DRA: "v0.4.0"}))
+    assert t.to_state is S.UPGRADE_FAILED
+    assert "not rolled back" in t.message and "forward-only" in t.message
+
+
+def test_rollback_between_releases_of_one_checkpoint_format() -> None:
+    n = validating(operand_ready=False, advertising=False, since=600, origin="dra@v25.8.0")
+    t = only(step(n, Policy(on_failure=OnFailure.ROLLBACK)))
+    assert t.to_state is S.ROLLBACK_REQUIRED
