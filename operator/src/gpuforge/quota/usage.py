@@ -319,6 +319,44 @@ def gpu_model_of(obj: Mapping[str, Any], template: PodTemplate | None = None) ->
     return str(model or "")
 
 
+# Pod phases in which a pod holds nothing any more (ResourceQuota stops counting them too).
+TERMINAL_POD_PHASES: Final = frozenset({"Succeeded", "Failed"})
+# Job conditions that end a Job for good: its pods are done or being deleted.
+FINISHED_JOB_CONDITIONS: Final = frozenset({"Complete", "Failed"})
+
+
+def _finished_job_conditions(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [
+        condition
+        for condition in _get(obj, "status.conditions") or ()
+        if isinstance(condition, Mapping)
+        and condition.get("type") in FINISHED_JOB_CONDITIONS
+        and condition.get("status") == "True"
+    ]
+
+
+def holds_nothing(obj: Mapping[str, Any]) -> bool:
+    """Work that takes nothing from its quota: a Succeeded or Failed Pod, a Job that completed or
+    failed, a suspended Job (its pods are deleted; resuming it is admitted like a create)."""
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return _get(obj, "status.phase") in TERMINAL_POD_PHASES
+    if kind == "Job":
+        return _get(obj, "spec.suspend") is True or bool(_finished_job_conditions(obj))
+    return False
+
+
+def finish_status(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a workload's status `holds_nothing` reads (a cache that drops status keeps this)."""
+    kind = obj.get("kind")
+    if kind == "Pod" and _get(obj, "status.phase") in TERMINAL_POD_PHASES:
+        return {"phase": _get(obj, "status.phase")}
+    if kind == "Job":
+        finished = _finished_job_conditions(obj)
+        return {"conditions": [dict(item) for item in finished]} if finished else {}
+    return {}
+
+
 def workload_usage(
     obj: Mapping[str, Any],
     catalog: ClaimCatalog | None = None,
@@ -329,6 +367,8 @@ def workload_usage(
     """Whole usage of a workload object; `replicas` overrides the object's (the scale subresource)."""
     template = pod_template(obj)
     count = template.replicas if replicas is None else replicas
+    if holds_nothing(obj):
+        count = 0
     per_pod, shared = pod_usage(
         template.spec,
         gpu_model=gpu_model_of(obj, template),

@@ -54,8 +54,10 @@ from gpuforge.quota.usage import (
     WorkloadError,
     WorkloadUsage,
     claim_usage,
+    finish_status,
     generation_of,
     gpu_model_of,
+    holds_nothing,
     is_controlled_by_workload,
     labels_of,
     pod_template,
@@ -96,7 +98,11 @@ def counted_part(obj: dict[str, Any]) -> dict[str, Any]:
     """What a workload cache keeps: metadata and spec, which counting and scale admission read. Status
     (rewritten with every pod that starts) and managedFields are most of an object and count for
     nothing; dropping them keeps the leader's heap, and so the cyclic GC's pauses, small."""
-    return {key: value for key, value in without_managed_fields(obj).items() if key != "status"}
+    kept = {key: value for key, value in without_managed_fields(obj).items() if key != "status"}
+    finished = finish_status({"kind": obj.get("kind"), **obj})
+    if finished:  # a terminal pod or a finished Job releases its charge
+        kept["status"] = finished
+    return kept
 
 
 def _controller_owner(obj: Obj) -> tuple[str, str] | None:
@@ -137,8 +143,8 @@ class UsageController:
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     # Objects seen deleted (ref -> (generation, uid, when)), so their reservations settle without the TTL.
     _deleted: dict[str, tuple[int, str, float]] = field(default_factory=dict)
-    # What each watched object last counted with: (generation, quota label).
-    _seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # What each watched object last counted with: (generation, quota label, whether it holds nothing).
+    _seen: dict[str, tuple[int, str, bool]] = field(default_factory=dict)
     # Set when a pass put off dropping settled reservations: the next pass comes within settle_seconds.
     _settles_deferred: bool = False
     _workloads: dict[str, Informer] = field(default_factory=dict)
@@ -206,8 +212,8 @@ class UsageController:
                 self.poke()
                 return
             # Status-only updates (a Deployment's ready count, our own status writes) change nothing
-            # quotas count; only spec (generation) and the quota label do.
-            state = (generation_of(obj), label)
+            # quotas count; only spec (generation), the quota label, and a pod or Job finishing do.
+            state = (generation_of(obj), label, holds_nothing({"kind": kind, **obj}))
             if previous != state:
                 self._seen[ref] = state
                 self._dirty_quotas.update(touched - {""})

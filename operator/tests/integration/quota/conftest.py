@@ -286,3 +286,32 @@ def wait_for(
 def kubectl(dev_cluster: Any) -> list[str]:
     path = getattr(dev_cluster, "kubectl_path", None) or os.environ.get("KUBECTL", "kubectl")
     return [str(path), f"--kubeconfig={dev_cluster.kubeconfig}"]
+
+
+@pytest.fixture
+def gpu_nodes(api_client: Any, namespace: str) -> list[str]:
+    """Simulated device-plugin pods on every node, so the simulated nodes advertise nvidia.com/gpu."""
+    core = client.CoreV1Api(api_client)
+    nodes = [n.metadata.name for n in core.list_node(label_selector="nvidia.com/gpu.present=true").items]
+    for node in nodes:
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {
+                    "name": f"device-plugin-{node}",
+                    "labels": {"gpuforge.io/component": "device-plugin"},
+                },
+                "spec": {
+                    "nodeName": node,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
+                },
+            },
+        )
+    wait_for(
+        lambda: all(
+            int((core.read_node(n).status.allocatable or {}).get("nvidia.com/gpu", "0")) > 0 for n in nodes
+        ),
+        message="simulated GPUs to be advertised",
+    )
+    return nodes

@@ -246,35 +246,6 @@ def test_job_with_claim_template_counts_devices(quotas: Quotas, namespace: str, 
         batch.create_namespaced_job(namespace, _job("more", quotas.name("dra"), 1))
 
 
-@pytest.fixture
-def gpu_nodes(api_client: Any, namespace: str) -> list[str]:
-    """Simulated device-plugin pods on every node, so the simulated nodes advertise nvidia.com/gpu."""
-    core = client.CoreV1Api(api_client)
-    nodes = [n.metadata.name for n in core.list_node(label_selector="nvidia.com/gpu.present=true").items]
-    for node in nodes:
-        core.create_namespaced_pod(
-            namespace,
-            {
-                "metadata": {
-                    "name": f"device-plugin-{node}",
-                    "labels": {"gpuforge.io/component": "device-plugin"},
-                },
-                "spec": {
-                    "nodeName": node,
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
-                },
-            },
-        )
-    wait_for(
-        lambda: all(
-            int((core.read_node(n).status.allocatable or {}).get("nvidia.com/gpu", "0")) > 0 for n in nodes
-        ),
-        message="simulated GPUs to be advertised",
-    )
-    return nodes
-
-
 def test_gpu_hours_accrue_and_a_spent_budget_denies_new_work(
     quotas: Quotas, namespace: str, api_client: Any, gpu_nodes: list[str]
 ) -> None:

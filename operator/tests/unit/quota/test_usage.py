@@ -7,6 +7,8 @@ from gpuforge.quota.usage import (
     ClaimCatalog,
     WorkloadError,
     claim_usage,
+    finish_status,
+    holds_nothing,
     increase,
     is_controlled_by_workload,
     workload_usage,
@@ -233,3 +235,63 @@ def test_increase_counts_only_growth() -> None:
 )
 def test_objects_of_a_workload_are_charged_to_it(owners: list[dict[str, Any]], controlled: bool) -> None:
     assert is_controlled_by_workload({"metadata": {"ownerReferences": owners}}) is controlled
+
+
+def _done(condition: str, status: str = "True") -> dict[str, Any]:
+    return {"conditions": [{"type": condition, "status": status}, {"type": "Suspended", "status": "False"}]}
+
+
+@pytest.mark.parametrize(
+    ("kind", "top", "status", "held"),
+    [
+        ("Pod", {}, {"phase": "Running"}, True),
+        ("Pod", {}, {"phase": "Pending"}, True),
+        ("Pod", {}, {"phase": "Succeeded"}, False),
+        ("Pod", {}, {"phase": "Failed"}, False),
+        ("Job", {}, {}, True),
+        ("Job", {}, _done("Complete"), False),
+        ("Job", {}, _done("Failed"), False),
+        ("Job", {}, _done("Complete", "False"), True),
+        ("Job", {}, _done("SuccessCriteriaMet"), True),  # pods may still be running until Complete
+        ("Job", {"suspend": True}, {}, False),
+        ("Job", {"suspend": False}, {}, True),
+        ("Deployment", {"replicas": 1}, {"phase": "Succeeded"}, True),  # phases are pods' alone
+        ("CronJob", {"suspend": True}, {}, True),  # its running Job is charged until it ends
+    ],
+)
+def test_finished_work_holds_nothing(
+    kind: str, top: dict[str, Any], status: dict[str, Any], held: bool
+) -> None:
+    obj = {**workload(kind, ONE_GPU, **top), "status": status}
+    usage = workload_usage(obj)
+    assert holds_nothing(obj) is not held
+    assert (usage.usage.get(GPU, Decimal(0)) == 1) is held
+    assert usage.replicas == (1 if held else 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "kept"),
+    [
+        ("Pod", {"phase": "Running", "podIP": "10.0.0.1"}, {}),
+        ("Pod", {"phase": "Failed", "reason": "Evicted"}, {"phase": "Failed"}),
+        ("Job", {"active": 2}, {}),
+        (
+            "Job",
+            {
+                "succeeded": 1,
+                "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True"},
+                    {"type": "Complete", "status": "True"},
+                ],
+            },
+            {"conditions": [{"type": "Complete", "status": "True"}]},
+        ),
+        ("Deployment", {"replicas": 3}, {}),
+    ],
+)
+def test_finish_status_keeps_what_release_reads(
+    kind: str, status: dict[str, Any], kept: dict[str, Any]
+) -> None:
+    obj = {**workload(kind, ONE_GPU), "status": status}
+    assert finish_status(obj) == kept
+    assert holds_nothing({**obj, "status": kept}) is holds_nothing(obj)
