@@ -134,7 +134,8 @@ async def create_quota(cluster: Cluster, name: str, gpus: int) -> None:
         "apiVersion": "gpuforge.io/v1alpha1",
         "kind": "GpuQuota",
         "metadata": {"name": name},
-        "spec": {"parent": "", "hard": {GPU: str(gpus)}},
+        # Every namespace may charge it: the arms' namespaces come and go between rounds.
+        "spec": {"parent": "", "hard": {GPU: str(gpus)}, "namespaceSelector": {}},
     }
     status, answer = await cluster.call("POST", "/apis/gpuforge.io/v1alpha1/gpuquotas", body)
     if status not in (201, 409):

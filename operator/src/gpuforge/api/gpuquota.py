@@ -5,6 +5,10 @@ A GpuQuota is a node in a tree of quotas. `spec.hard` uses ResourceQuota's keys 
 are also counted against the generic key), DRA keys (`<device-class>.deviceclass.resource.k8s.io/devices`)
 and budgets under `cash/` (`cash/requests.nvidia.com/gpu` is GPU-hours, `cash/requests.cpu` CPU-core-hours).
 
+Tenancy: `spec.namespaces` and `spec.namespaceSelector` name the namespaces whose workloads may charge
+a quota; a quota that names none admits no workload, and an ancestor that names some narrows the set
+for its whole subtree (gpuforge.quota.tenancy).
+
 A child's `hard` is carved out of its parent: the parent's `status.used` counts its children's `hard`
 plus its own workloads (`status.selfUsed`). Parsing from and to JSON lives in gpuforge.quota.convert.
 """
@@ -89,6 +93,25 @@ class GpuQuotaStatus:
     conditions: tuple[Condition, ...] = ()
 
 
+# LabelSelector operators (metav1.LabelSelectorOperator).
+SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+@dataclass(frozen=True)
+class SelectorRequirement:
+    key: str
+    operator: str  # one of SELECTOR_OPERATORS
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector; every label and every expression must match. Empty matches all."""
+
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+
 @dataclass(frozen=True)
 class GpuQuota:
     name: str
@@ -98,10 +121,17 @@ class GpuQuota:
     resource_version: str = ""
     uid: str = ""
     generation: int = 0
+    # Namespaces whose workloads may charge this quota: listed by name, or matched by the selector.
+    namespaces: tuple[str, ...] = ()
+    namespace_selector: LabelSelector | None = None
 
     @property
     def is_root(self) -> bool:
         return not self.parent
+
+    @property
+    def names_namespaces(self) -> bool:
+        return bool(self.namespaces) or self.namespace_selector is not None
 
 
 def is_cash_key(key: str) -> bool:

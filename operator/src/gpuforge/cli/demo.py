@@ -340,7 +340,8 @@ class Demo:
             4,
             "limit GPUs with a hierarchical quota",
             "A tree org -> research -> research-vision, and org -> inference. Workloads name their quota\n"
-            "with the label gpuforge.io/quota; the webhook admits whole workloads or nothing.",
+            "with the label gpuforge.io/quota; the webhook admits whole workloads or nothing, and only\n"
+            "from the namespaces each quota names.",
         )
         # The webhook admits once a previous process's admissions could be visible (10 s after it started).
         webhook_log = self.log_dir / "webhook.log"
@@ -371,6 +372,17 @@ class Demo:
                 "vision-big should have been denied: research-vision has 4 H100s and all are in use"
             )
         console.print(f"[red]denied[/] vision-big: {result.stderr.strip()}")
+        # Tenancy: a quota admits only the namespaces it names (inference: ml and serving).
+        self.kubectl("create", "namespace", "elsewhere")
+        stray = _workload("stray", "inference", replicas=1, gpus=1)
+        result = self.cluster.kubectl(
+            "apply", "-n", "elsewhere", "-f", "-", input=yaml.safe_dump(stray), check=False
+        )
+        if result.returncode == 0 or '"elsewhere"' not in result.stderr:
+            raise DemoError(
+                "stray should have been denied: GpuQuota inference admits namespaces ml and serving"
+            )
+        console.print(f"[red]denied[/] stray: {result.stderr.strip()}")
         wait_for(
             "the quota workloads Running",
             lambda: (

@@ -71,6 +71,7 @@ RESOURCES: Final[dict[str, Resource]] = {
     "CronJob": Resource("/apis/batch/v1", "cronjobs", True),
     "Pod": Resource("/api/v1", "pods", True),
     "Event": Resource("/api/v1", "events", True),
+    "Namespace": Resource("/api/v1", "namespaces", False),
     QUOTA_KIND: Resource(f"/apis/{QUOTA_API_VERSION}", QUOTA_PLURAL, False),
     "ValidatingWebhookConfiguration": Resource(
         "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False

@@ -14,11 +14,14 @@ from typing import Any
 from gpuforge.api.gpuquota import (
     API_VERSION,
     KIND,
+    SELECTOR_OPERATORS,
     Condition,
     GpuQuota,
     GpuQuotaStatus,
+    LabelSelector,
     Reservation,
     ResourceList,
+    SelectorRequirement,
 )
 from gpuforge.quota.quantity import (
     QuantityError,
@@ -73,6 +76,61 @@ def _integer(value: object, field: str) -> int:
     return value
 
 
+def _strings(value: object, field: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise QuotaSpecError(f"{field}: expected a list of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+def _selector(value: object, field: str) -> LabelSelector | None:
+    """A LabelSelector, checked the way the API server checks one (In/NotIn need values, Exists and
+    DoesNotExist take none)."""
+    if value is None:
+        return None
+    raw = _mapping(value, field)
+    labels = _mapping(raw.get("matchLabels"), f"{field}.matchLabels")
+    for key, label in labels.items():
+        if not isinstance(label, str):
+            raise QuotaSpecError(f"{field}.matchLabels.{key}: expected a string, got {label!r}")
+    expressions = raw.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise QuotaSpecError(f"{field}.matchExpressions: expected a list")
+    requirements = []
+    for index, item in enumerate(expressions):
+        where = f"{field}.matchExpressions[{index}]"
+        expression = _mapping(item, where)
+        label_key, operator = expression.get("key"), expression.get("operator")
+        if not isinstance(label_key, str) or not label_key:
+            raise QuotaSpecError(f"{where}.key: expected a label key")
+        if operator not in SELECTOR_OPERATORS:
+            raise QuotaSpecError(f"{where}.operator: expected one of {', '.join(SELECTOR_OPERATORS)}")
+        values = _strings(expression.get("values"), f"{where}.values")
+        if operator in ("In", "NotIn") and not values:
+            raise QuotaSpecError(f"{where}.values: {operator} needs at least one value")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise QuotaSpecError(f"{where}.values: {operator} takes no values")
+        requirements.append(SelectorRequirement(label_key, str(operator), values))
+    return LabelSelector(dict(labels), tuple(requirements))
+
+
+def selector_to_object(selector: LabelSelector) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if selector.match_labels:
+        result["matchLabels"] = dict(selector.match_labels)
+    if selector.match_expressions:
+        result["matchExpressions"] = [
+            {
+                "key": item.key,
+                "operator": item.operator,
+                **({"values": list(item.values)} if item.values else {}),
+            }
+            for item in selector.match_expressions
+        ]
+    return result
+
+
 def quota_from_object(obj: Mapping[str, Any], *, with_status: bool = True) -> GpuQuota:
     """Read a GpuQuota object; raise QuotaSpecError naming the bad field. `with_status=False` reads
     spec and metadata only (an empty status), which is all a watch event tells the leader."""
@@ -90,6 +148,8 @@ def quota_from_object(obj: Mapping[str, Any], *, with_status: bool = True) -> Gp
         resource_version=str(metadata.get("resourceVersion", "")),
         uid=str(metadata.get("uid", "")),
         generation=_integer(metadata.get("generation"), "metadata.generation"),
+        namespaces=_strings(spec.get("namespaces"), "spec.namespaces"),
+        namespace_selector=_selector(spec.get("namespaceSelector"), "spec.namespaceSelector"),
     )
 
 
@@ -183,11 +243,16 @@ def quota_to_object(quota: GpuQuota) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": quota.name}
     if quota.resource_version:
         metadata["resourceVersion"] = quota.resource_version
+    spec: dict[str, Any] = {"parent": quota.parent, "hard": format_resource_list(quota.hard)}
+    if quota.namespaces:
+        spec["namespaces"] = list(quota.namespaces)
+    if quota.namespace_selector is not None:
+        spec["namespaceSelector"] = selector_to_object(quota.namespace_selector)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": metadata,
-        "spec": {"parent": quota.parent, "hard": format_resource_list(quota.hard)},
+        "spec": spec,
         "status": status_to_object(quota.status),
     }
 

@@ -93,6 +93,8 @@ class Ledger:
                 entry.quota,
                 parent=quota.parent,
                 hard=quota.hard,
+                namespaces=quota.namespaces,
+                namespace_selector=quota.namespace_selector,
                 generation=quota.generation,
                 uid=quota.uid or entry.quota.uid,
                 resource_version=quota.resource_version,

@@ -205,6 +205,8 @@ WEBHOOK_RULES: Final = (
     _rule("apps", ["deployments", "statefulsets", "replicasets"], ["get", "list", "watch"]),
     _rule("batch", ["jobs", "cronjobs"], ["get", "list", "watch"]),
     _rule("", ["pods"], ["get", "list", "watch"]),
+    # Namespaces' labels: which namespaces may charge a quota (informer; get for one not cached yet).
+    _rule("", ["namespaces"], ["get", "list", "watch"]),
     # Devices asked for through DRA: claim templates and claims a workload references.
     _rule("resource.k8s.io", ["resourceclaims", "resourceclaimtemplates"], ["get", "list"]),
     # BudgetExhausted and denial events on GpuQuotas.

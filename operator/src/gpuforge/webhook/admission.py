@@ -34,6 +34,7 @@ from gpuforge.quota.admission import (
 )
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object
 from gpuforge.quota.ledger import Ledger
+from gpuforge.quota.tenancy import admit_namespace, needs_labels
 from gpuforge.quota.usage import (
     ClaimCatalog,
     WorkloadError,
@@ -119,6 +120,8 @@ class AdmissionHandlers:
     clock: Clock = utc_now
     # An admission waiting this long to be written means the leader cannot write: it stops admitting.
     stall_seconds: float = 2.0
+    # Namespaces' labels (watch-fed), for which namespaces may charge a quota; None: read each time.
+    namespaces: Informer | None = None
 
     @property
     def ledger(self) -> Ledger:
@@ -155,6 +158,35 @@ class AdmissionHandlers:
             await self.count(quota_name)
         return None
 
+    def _lineage(self, quota_name: str) -> list[GpuQuota]:
+        """The quota and its ancestors, nearest first, as the ledger holds them."""
+        lineage: list[GpuQuota] = []
+        name = quota_name
+        while name and len(lineage) < 64 and all(item.name != name for item in lineage):
+            quota = self.ledger.quota(name)
+            if quota is None:
+                break
+            lineage.append(quota)
+            name = quota.parent
+        return lineage
+
+    async def _namespace_labels(self, namespace: str) -> Mapping[str, str]:
+        """The namespace's labels from the watch cache; read only when the cache has not seen it yet
+        (a namespace created a moment ago)."""
+        cached = self.namespaces.get(namespace) if self.namespaces is not None else None
+        if cached is None:
+            cached = await self.api.get_object("Namespace", "", namespace)
+        return labels_of(cached) if cached is not None else {}
+
+    async def _tenancy(self, namespace: str, quota_name: str, workload: str) -> Denied | None:
+        """Whether `namespace` may charge `quota_name` (and its ancestors allow it)."""
+        lineage = self._lineage(quota_name)
+        if not lineage:
+            return None  # _ensure found it; a quota deleted meanwhile is refused by the ledger
+        labels = await self._namespace_labels(namespace) if needs_labels(lineage) else {}
+        kind, _, rest = workload.partition("/")
+        return admit_namespace(lineage, namespace, labels, f"{kind} {rest}")
+
     async def _charge(self, request: AdmissionRequest, quota_name: str, ask: WorkloadAsk) -> Decision:
         refusal = self._refusal(quota_name)
         if refusal is not None:
@@ -162,6 +194,9 @@ class AdmissionHandlers:
         missing = await self._ensure(quota_name)
         if missing is not None:
             return missing
+        tenancy = await self._tenancy(request.namespace, quota_name, ask.workload)
+        if tenancy is not None:
+            return tenancy
         # From here to the answer nothing waits: the decision and the charge are one step.
         refusal = self._refusal(quota_name)
         if refusal is not None:

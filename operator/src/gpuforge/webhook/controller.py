@@ -85,6 +85,7 @@ def _key(obj: Obj, kind: str | None = None) -> tuple[str, str, str]:
     )
 
 
+NAMESPACE = "Namespace"
 BY_QUOTA = "quota"  # the workload caches' index: the quota a workload is charged to
 # A pass gives waiting admissions the loop after this many workloads, however many there are.
 YIELD_EVERY = 256
@@ -110,6 +111,13 @@ def _controller_owner(obj: Obj) -> tuple[str, str] | None:
         if owner.get("controller"):
             return str(owner.get("kind")), str(owner.get("name"))
     return None
+
+
+def namespace_labels_only(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the namespaces' cache keeps: the name and labels tenancy decisions read."""
+    metadata = obj.get("metadata") or {}
+    kept = {key: metadata[key] for key in ("name", "labels", "resourceVersion", "uid") if key in metadata}
+    return {"kind": "Namespace", "metadata": kept}
 
 
 @dataclass
@@ -149,6 +157,8 @@ class UsageController:
     _settles_deferred: bool = False
     _workloads: dict[str, Informer] = field(default_factory=dict)
     quotas: Informer = field(init=False)
+    # Namespaces' labels, which decide which namespaces may charge a quota (watched by every replica).
+    namespaces: Informer = field(init=False)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # Quotas an event may have changed since the last pass: a pass after events recomputes only these
     # (and quotas holding reservations); a pass after a quiet period (resync, accrual) recomputes all.
@@ -164,6 +174,7 @@ class UsageController:
 
     def __post_init__(self) -> None:
         self.quotas = Informer(self.api, KIND, transform=without_managed_fields)
+        self.namespaces = Informer(self.api, NAMESPACE, transform=namespace_labels_only)
         self._workloads = {
             kind: Informer(self.api, kind, QUOTA_LABEL, transform=counted_part, indexes={BY_QUOTA: _quota_of})
             for kind in WORKLOAD_KINDS
@@ -246,6 +257,7 @@ class UsageController:
         no list calls. A follower watches quotas only (to show the usage the leader writes): a new
         leader lists everything afresh anyway."""
         self._tasks[KIND] = asyncio.create_task(self.quotas.run())
+        self._tasks[NAMESPACE] = asyncio.create_task(self.namespaces.run())
         try:
             await self.quotas.synced.wait()
             while True:

@@ -159,7 +159,13 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
             speedup=options.speedup,
         )
         handlers = AdmissionHandlers(
-            api, leadership, writer, controller.count, controller.workload_caches, clock
+            api,
+            leadership,
+            writer,
+            controller.count,
+            controller.workload_caches,
+            clock,
+            namespaces=controller.namespaces,
         )
         elect = options.leader_elect if options.leader_elect is not None else not options.register
         identity = default_identity()

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -361,12 +361,12 @@ def labelled_deployment(name: str, namespace: str, quota: str, replicas: int) ->
     )
 
 
-def gpuquota(name: str, parent: str, gpus: int) -> str:
+def gpuquota(name: str, parent: str, gpus: int, namespaces: Sequence[str] = ()) -> str:
     body = {
         "apiVersion": "gpuforge.io/v1alpha1",
         "kind": "GpuQuota",
         "metadata": {"name": name},
-        "spec": {"parent": parent, "hard": {GPU: str(gpus)}},
+        "spec": {"parent": parent, "hard": {GPU: str(gpus)}, "namespaces": list(namespaces)},
     }
     return json.dumps(body)
 
@@ -406,7 +406,7 @@ def test_url_mode_end_to_end(cluster: Any, operator: Operator, external_webhook:
         cluster.kubectl("apply", "-f", "-", input=gpuquota("url-org", "", 4))
         refused = cluster.kubectl("apply", "-f", "-", input=gpuquota("url-big", "url-org", 5), check=False)
         assert refused.returncode != 0 and "url-org" in refused.stderr, refused.stderr
-        cluster.kubectl("apply", "-f", "-", input=gpuquota("url-team", "url-org", 2))
+        cluster.kubectl("apply", "-f", "-", input=gpuquota("url-team", "url-org", 2, [workloads]))
 
         # Workload admission: 3 GPUs over a quota of 2 are denied, naming the quota; 2 are admitted.
         over = cluster.kubectl(

@@ -204,23 +204,38 @@ def api_client(dev_cluster: Any) -> client.ApiClient:
 class Quotas:
     """Create GpuQuotas with names unique to one test, and read their status."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace  # the namespace a quota admits unless told otherwise
         self.prefix = f"q{uuid.uuid4().hex[:6]}"
         self.created: list[str] = []
 
     def name(self, short: str) -> str:
         return f"{self.prefix}-{short}"
 
-    def create(self, short: str, hard: dict[str, Any], parent: str = "") -> dict[str, Any]:
+    def create(
+        self,
+        short: str,
+        hard: dict[str, Any],
+        parent: str = "",
+        *,
+        namespaces: list[str] | None = None,
+        namespace_selector: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A quota admitting the test's namespace, or `namespaces` / `namespace_selector` when given."""
+        spec: dict[str, Any] = {
+            "parent": self.name(parent) if parent else "",
+            "hard": {k: str(v) for k, v in hard.items()},
+        }
+        if namespace_selector is not None:
+            spec["namespaceSelector"] = namespace_selector
+        if namespaces is not None or namespace_selector is None:
+            spec["namespaces"] = [self.namespace] if namespaces is None else namespaces
         body = {
             "apiVersion": "gpuforge.io/v1alpha1",
             "kind": "GpuQuota",
             "metadata": {"name": self.name(short)},
-            "spec": {
-                "parent": self.name(parent) if parent else "",
-                "hard": {k: str(v) for k, v in hard.items()},
-            },
+            "spec": spec,
         }
         result: dict[str, Any] = self.custom.create_cluster_custom_object(
             "gpuforge.io", "v1alpha1", "gpuquotas", body
@@ -253,8 +268,8 @@ class Quotas:
 
 
 @pytest.fixture
-def quotas(api_client: client.ApiClient, quota_webhook: WebhookProcess) -> Iterator[Quotas]:
-    helper = Quotas(api_client)
+def quotas(api_client: client.ApiClient, quota_webhook: WebhookProcess, namespace: str) -> Iterator[Quotas]:
+    helper = Quotas(api_client, namespace)
     yield helper
     helper.cleanup()
 

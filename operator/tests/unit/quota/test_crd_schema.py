@@ -53,6 +53,14 @@ def status_schema() -> dict[str, Any]:
     return schema
 
 
+@functools.cache
+def spec_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return schema
+
+
 def test_status_round_trips_through_the_crd_schema() -> None:
     status = GpuQuotaStatus(
         hard={GPU: Decimal(16)},

@@ -35,7 +35,7 @@ def quota(name: str, hard: int = 16, used: int = 0, **status: Any) -> dict[str, 
         "apiVersion": "gpuforge.io/v1alpha1",
         "kind": "GpuQuota",
         "metadata": {"name": name, "resourceVersion": "1", "generation": 1, "uid": f"uid-{name}"},
-        "spec": {"parent": "", "hard": {GPU: str(hard)}},
+        "spec": {"parent": "", "hard": {GPU: str(hard)}, "namespaces": ["ns"]},
         "status": {
             "hard": {GPU: str(hard)},
             "used": {GPU: str(used)},
