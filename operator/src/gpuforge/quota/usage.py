@@ -25,7 +25,14 @@ ALL_DEVICES_COUNT: Final = 32
 _BARE_ALIASES: Final = frozenset({"cpu", "memory", "ephemeral-storage"})
 # Kinds whose objects are charged as a whole; an object controlled by one of them is charged to it.
 WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "CronJob", "Pod")
-_CONTROLLER_KINDS: Final = frozenset(WORKLOAD_KINDS) - {"Pod"}
+# Workload controllers by API group and kind: a `Job` of another group is not a batch Job.
+CONTROLLER_GROUPS: Final = {
+    "Deployment": "apps",
+    "StatefulSet": "apps",
+    "ReplicaSet": "apps",
+    "Job": "batch",
+    "CronJob": "batch",
+}
 
 
 class WorkloadError(ValueError):
@@ -302,12 +309,44 @@ def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return labels if isinstance(labels, Mapping) else {}
 
 
+@dataclass(frozen=True)
+class OwnerRef:
+    kind: str
+    name: str
+    uid: str
+
+
+def api_group(api_version: object) -> str:
+    """`apps/v1` -> `apps`; `v1` (the core group) -> ``."""
+    return str(api_version).rpartition("/")[0] if isinstance(api_version, str) else ""
+
+
+def workload_controller(obj: Mapping[str, Any]) -> OwnerRef | None:
+    """The controller reference to a workload controller (group and kind both), if any."""
+    for owner in _get(obj, "metadata.ownerReferences") or ():
+        if not isinstance(owner, Mapping) or not owner.get("controller"):
+            continue
+        kind = owner.get("kind")
+        if isinstance(kind, str) and CONTROLLER_GROUPS.get(kind) == api_group(owner.get("apiVersion")):
+            return OwnerRef(kind, str(owner.get("name") or ""), str(owner.get("uid") or ""))
+    return None
+
+
 def is_controlled_by_workload(obj: Mapping[str, Any]) -> bool:
     """Pods of a ReplicaSet, ReplicaSets of a Deployment, Jobs of a CronJob: charged to the owner."""
-    for owner in _get(obj, "metadata.ownerReferences") or ():
-        if isinstance(owner, Mapping) and owner.get("controller") and owner.get("kind") in _CONTROLLER_KINDS:
-            return True
-    return False
+    return workload_controller(obj) is not None
+
+
+def charged_to_owner(pod: Mapping[str, Any], owner: Mapping[str, Any] | None) -> bool:
+    """A pod that names a workload controller is charged to it only if that controller exists (same
+    uid) and is charged to the same quota; any pod can claim an owner, so otherwise it pays itself."""
+    ref = workload_controller(pod)
+    if ref is None or owner is None:
+        return False
+    uid = str(_get(owner, "metadata.uid") or "")
+    if ref.uid and uid and ref.uid != uid:
+        return False
+    return str(labels_of(owner).get(QUOTA_LABEL) or "") == str(labels_of(pod).get(QUOTA_LABEL) or "")
 
 
 def referenced_claims(obj: Mapping[str, Any]) -> ClaimRefs:

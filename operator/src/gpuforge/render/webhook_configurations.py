@@ -51,12 +51,21 @@ class ClientTarget:
         return config
 
 
-# CEL: only labelled objects, and not those a workload controller made (charged to their owner).
+# CEL: only labelled objects, and not those a workload controller made (charged to their owner), by
+# group and kind. Pods always come: the webhook checks that the controller a pod names exists.
 _LABELLED = f"has(object.metadata.labels) && '{QUOTA_LABEL}' in object.metadata.labels"
 _NOT_CONTROLLED = (
+    "request.resource.resource == 'pods' || "
     "!has(object.metadata.ownerReferences) || !object.metadata.ownerReferences.exists(o, "
-    "has(o.controller) && o.controller && "
-    "o.kind in ['Deployment', 'StatefulSet', 'ReplicaSet', 'Job', 'CronJob'])"
+    "has(o.controller) && o.controller && ("
+    "(o.apiVersion.startsWith('apps/') && o.kind in ['Deployment', 'StatefulSet', 'ReplicaSet']) || "
+    "(o.apiVersion.startsWith('batch/') && o.kind in ['Job', 'CronJob'])))"
+)
+# A pod's resources are immutable; an update matters only when it moves the pod to another quota.
+_POD_RELABELLED = (
+    "request.resource.resource != 'pods' || request.operation != 'UPDATE' || "
+    "!has(oldObject.metadata.labels) || !('" + QUOTA_LABEL + "' in oldObject.metadata.labels) || "
+    "oldObject.metadata.labels['" + QUOTA_LABEL + "'] != object.metadata.labels['" + QUOTA_LABEL + "']"
 )
 
 
@@ -118,7 +127,7 @@ def render_webhook_configurations(
         [
             _rule("apps", ["deployments", "statefulsets", "replicasets"], ["CREATE", "UPDATE"]),
             _rule("batch", ["jobs", "cronjobs"], ["CREATE", "UPDATE"]),
-            _rule("", ["pods"], ["CREATE"]),  # a pod's resources are immutable after create
+            _rule("", ["pods"], ["CREATE", "UPDATE"]),  # UPDATE: a relabel to another quota
         ],
         failure_policy,
         timeout_seconds,
@@ -126,6 +135,7 @@ def render_webhook_configurations(
         matchConditions=[
             {"name": "labelled-for-quota", "expression": _LABELLED},
             {"name": "not-owned-by-a-workload", "expression": _NOT_CONTROLLED},
+            {"name": "pod-quota-changed", "expression": _POD_RELABELLED},
         ],
     )
     scale = _webhook(

@@ -37,13 +37,16 @@ from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.tenancy import admit_namespace, needs_labels
 from gpuforge.quota.usage import (
     ClaimCatalog,
+    OwnerRef,
     WorkloadError,
+    charged_to_owner,
     claim_usage,
     generation_of,
     increase,
     is_controlled_by_workload,
     labels_of,
     referenced_claims,
+    workload_controller,
     workload_ref,
     workload_usage,
 )
@@ -99,13 +102,16 @@ async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -
 
 def trivially_allowed(request: AdmissionRequest) -> bool:
     """Requests any replica may allow without the ledger: workloads that carry no quota label, that a
-    workload controller owns (charged to their owner), or that are not created or updated."""
+    workload controller owns (charged to their owner), or that are not created or updated. A pod that
+    names a controller is not: any pod can claim one, and whether it exists is for the leader to see."""
     if request.kind == "GpuQuota" or request.sub_resource == "scale":
         return False
     obj = request.object
     if obj is None or request.operation not in ("CREATE", "UPDATE"):
         return True
-    return not labels_of(obj).get(QUOTA_LABEL) or is_controlled_by_workload(obj)
+    if not labels_of(obj).get(QUOTA_LABEL):
+        return True
+    return request.kind != "Pod" and is_controlled_by_workload(obj)
 
 
 @dataclass
@@ -222,6 +228,9 @@ class AdmissionHandlers:
         assert obj is not None
         quota_name = str(labels_of(obj).get(QUOTA_LABEL) or "")
         obj = {"kind": request.kind, **obj}
+        owner_ref = workload_controller(obj) if request.kind == "Pod" else None
+        if owner_ref is not None and charged_to_owner(obj, await self._owner(request.namespace, owner_ref)):
+            return Allowed()  # made by a workload charged to the same quota
         try:
             new = await self._usage(request, obj, strict=True)
         except WorkloadError as error:
@@ -234,7 +243,7 @@ class AdmissionHandlers:
             request.operation == "UPDATE"
             and old is not None
             and labels_of(old).get(QUOTA_LABEL) == quota_name
-            and not is_controlled_by_workload(old)
+            and (request.kind == "Pod" or not is_controlled_by_workload(old))
         ):
             try:
                 old_usage = await self._usage(request, {"kind": request.kind, **old}, strict=False)
@@ -256,6 +265,16 @@ class AdmissionHandlers:
             object_uid=str((obj.get("metadata") or {}).get("uid") or ""),
         )
         return await self._charge(request, quota_name, ask)
+
+    async def _owner(self, namespace: str, ref: OwnerRef) -> Mapping[str, Any] | None:
+        """The controller a pod names, from the labelled workloads' cache (a controller charged to a
+        quota is there); read when the cache does not have it at that uid (a forged reference, an
+        unlabelled owner, or one the watch has not delivered yet)."""
+        cache = self.workload_caches.get(ref.kind)
+        cached = cache.get(ref.name, namespace) if cache is not None else None
+        if cached is not None and (not ref.uid or (cached.get("metadata") or {}).get("uid") == ref.uid):
+            return cached
+        return await self.api.get_object(ref.kind, namespace, ref.name)
 
     async def _scaled(self, kind: str, request: AdmissionRequest) -> dict[str, Any] | None:
         """The workload a scale request changes, as it is now: the watch cache's copy when it is the very

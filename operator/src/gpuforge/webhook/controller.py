@@ -53,6 +53,7 @@ from gpuforge.quota.usage import (
     ClaimCatalog,
     WorkloadError,
     WorkloadUsage,
+    charged_to_owner,
     claim_usage,
     finish_status,
     generation_of,
@@ -63,6 +64,7 @@ from gpuforge.quota.usage import (
     pod_template,
     pod_usage,
     referenced_claims,
+    workload_controller,
     workload_ref,
     workload_usage,
 )
@@ -225,6 +227,11 @@ class UsageController:
             # Status-only updates (a Deployment's ready count, our own status writes) change nothing
             # quotas count; only spec (generation), the quota label, and a pod or Job finishing do.
             state = (generation_of(obj), label, holds_nothing({"kind": kind, **obj}))
+            if previous is not None and previous[1] and previous[1] != label:
+                # Relabelled: gone from its old quota as if deleted, which settles the reservations
+                # held there for it (else they would hold its usage until they expire).
+                uid = str((obj.get("metadata") or {}).get("uid") or "")
+                self._deleted[ref] = (generation_of(obj), uid, asyncio.get_running_loop().time())
             if previous != state:
                 self._seen[ref] = state
                 self._dirty_quotas.update(touched - {""})
@@ -419,7 +426,7 @@ class UsageController:
         for kind, items in (await self._list_workloads(quotas)).items():
             for item in items:  # informers set `kind`; a listed item may lack it
                 obj = item if item.get("kind") == kind else {**item, "kind": kind}
-                if not is_controlled_by_workload(obj):
+                if not is_controlled_by_workload(obj) or (kind == "Pod" and not self._pod_owner_pays(obj)):
                     snap.workloads[_key(obj, kind)] = obj
                 seen += 1
                 if seen % YIELD_EVERY == 0:
@@ -440,6 +447,16 @@ class UsageController:
                 for item in (*replica_sets, *jobs):
                     snap.owned[_key(item)] = item
         return snap
+
+    def _pod_owner_pays(self, pod: Obj) -> bool:
+        """Whether a pod that names a controller is charged to it: the controller is among the labelled
+        workloads, at that uid, with the pod's quota (else the pod is counted itself, as admitted)."""
+        ref = workload_controller(pod)
+        if ref is None:
+            return False
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        owner = self._workloads[ref.kind].get(ref.name, namespace) if ref.kind in self._workloads else None
+        return charged_to_owner(pod, owner)
 
     async def _catalog(self, namespace: str) -> ClaimCatalog:
         try:

@@ -288,14 +288,20 @@ def deployment(name: str, quota: str, gpus: int = 1, replicas: int = 1, model: s
 
 
 def wait_for(
-    predicate: Any, timeout: float = 30.0, interval: float = 0.2, message: str = "condition"
+    predicate: Any,
+    timeout: float = 30.0,
+    interval: float = 0.2,
+    message: str = "condition",
+    describe: Any = None,
 ) -> None:
+    """Poll `predicate`; on timeout fail with `message` (and what `describe()` says of the state)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    state = f": {describe()}" if describe is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}{state}")
 
 
 def kubectl(dev_cluster: Any) -> list[str]:

@@ -6,6 +6,7 @@ import pytest
 from gpuforge.quota.usage import (
     ClaimCatalog,
     WorkloadError,
+    charged_to_owner,
     claim_usage,
     finish_status,
     holds_nothing,
@@ -226,10 +227,16 @@ def test_increase_counts_only_growth() -> None:
 @pytest.mark.parametrize(
     ("owners", "controlled"),
     [
-        ([{"kind": "ReplicaSet", "controller": True}], True),
-        ([{"kind": "CronJob", "controller": True}], True),
-        ([{"kind": "ReplicaSet", "controller": False}], False),
-        ([{"kind": "MyCustomThing", "controller": True}], False),
+        ([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True}], True),
+        ([{"apiVersion": "batch/v1", "kind": "CronJob", "controller": True}], True),
+        ([{"apiVersion": "batch/v1", "kind": "Job", "controller": True}], True),
+        ([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": False}], False),
+        ([{"apiVersion": "example.com/v1", "kind": "MyCustomThing", "controller": True}], False),
+        # Same kind, another group: not a workload controller gpuforge charges.
+        ([{"apiVersion": "example.com/v1", "kind": "Job", "controller": True}], False),
+        ([{"apiVersion": "batch/v1", "kind": "Deployment", "controller": True}], False),
+        ([{"apiVersion": "v1", "kind": "ReplicaSet", "controller": True}], False),
+        ([{"kind": "ReplicaSet", "controller": True}], False),  # no group at all
         ([], False),
     ],
 )
@@ -295,3 +302,36 @@ def test_finish_status_keeps_what_release_reads(
     obj = {**workload(kind, ONE_GPU), "status": status}
     assert finish_status(obj) == kept
     assert holds_nothing({**obj, "status": kept}) is holds_nothing(obj)
+
+
+def _pod(quota: str, owner_uid: str = "rs-uid") -> dict[str, Any]:
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": "rs",
+        "uid": owner_uid,
+        "controller": True,
+    }
+    return {"kind": "Pod", "metadata": {"labels": {"gpuforge.io/quota": quota}, "ownerReferences": [owner]}}
+
+
+def _owner(quota: str | None, uid: str = "rs-uid") -> dict[str, Any]:
+    labels = {"gpuforge.io/quota": quota} if quota else {}
+    return {"kind": "ReplicaSet", "metadata": {"name": "rs", "uid": uid, "labels": labels}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "owner", "owner_pays"),
+    [
+        (_pod("team"), _owner("team"), True),
+        (_pod("team"), None, False),  # a forged reference: no such controller
+        (_pod("team"), _owner("team", uid="other"), False),  # another object of that name
+        (_pod("team"), _owner(None), False),  # the controller is charged nowhere
+        (_pod("team"), _owner("rival"), False),  # charged elsewhere: the pod pays its own quota
+        ({"kind": "Pod", "metadata": {"labels": {"gpuforge.io/quota": "team"}}}, _owner("team"), False),
+    ],
+)
+def test_a_pod_is_charged_to_its_controller_only_if_it_exists_with_the_quota(
+    pod: dict[str, Any], owner: dict[str, Any] | None, owner_pays: bool
+) -> None:
+    assert charged_to_owner(pod, owner) is owner_pays

@@ -141,12 +141,12 @@ async def test_unlabelled_and_owned_objects_are_allowed_without_the_api() -> Non
     owned = {
         "metadata": {
             "labels": {"gpuforge.io/quota": "t"},
-            "ownerReferences": [{"kind": "ReplicaSet", "controller": True}],
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "controller": True}],
         }
     }
     async with TestClient(TestServer(make_app(handlers))) as client:
-        for obj in ({"metadata": {"name": "w"}}, owned):
-            response = await client.post("/validate-workloads", json=review(object=obj, kind={"kind": "Pod"}))
+        for obj, kind in (({"metadata": {"name": "w"}}, "Pod"), (owned, "ReplicaSet")):
+            response = await client.post("/validate-workloads", json=review(object=obj, kind={"kind": kind}))
             assert (await response.json())["response"]["allowed"] is True
         metrics = await (await client.get("/metrics")).text()
         assert "gpuforge_quota_admissions_total" in metrics
@@ -251,6 +251,16 @@ def test_configurations_are_narrow() -> None:
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert {"kube-system", "gpuforge"} <= set(excluded)
     assert "gpuforge.io/quota" in hook["matchConditions"][0]["expression"]
+    assert hook["rules"][2] == {
+        "apiGroups": [""],
+        "apiVersions": ["*"],
+        "resources": ["pods"],
+        "operations": ["CREATE", "UPDATE"],  # UPDATE: a bare pod relabelled into another quota
+        "scope": "Namespaced",
+    }
+    conditions = {item["name"]: item["expression"] for item in hook["matchConditions"]}
+    assert "o.apiVersion.startsWith('batch/')" in conditions["not-owned-by-a-workload"]
+    assert "oldObject.metadata.labels" in conditions["pod-quota-changed"]
     assert scale["rules"][0]["resources"] == ["deployments/scale", "statefulsets/scale", "replicasets/scale"]
     assert tree["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
 
