@@ -185,6 +185,19 @@ class QuotaApi:
                 return result
         raise AssertionError("unreachable")
 
+    async def may(self, user_info: Mapping[str, Any], attributes: Mapping[str, str]) -> bool:
+        """Whether the user an AdmissionRequest's userInfo describes may do what `attributes` (a
+        SubjectAccessReview's resourceAttributes) say: one SubjectAccessReview."""
+        spec: dict[str, Any] = {"resourceAttributes": dict(attributes)}
+        for ours, theirs in (("username", "user"), ("uid", "uid"), ("groups", "groups"), ("extra", "extra")):
+            if user_info.get(ours):
+                spec[theirs] = user_info[ours]
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        answer = await self._request(
+            "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review
+        )
+        return bool(((answer or {}).get("status") or {}).get("allowed"))
+
     # --- GpuQuota ---------------------------------------------------------------------------------
 
     async def get_quota(self, name: str) -> dict[str, Any] | None:

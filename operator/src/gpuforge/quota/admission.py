@@ -312,3 +312,29 @@ def admit_quota_delete(quota: GpuQuota, children: Iterable[str]) -> Decision:
             reason="Forbidden",
         )
     return Allowed(quota=quota.name)
+
+
+# RBAC verb on gpuquotas that creating a root, or raising a root's `hard`, needs besides create/update.
+ROOT_VERB = "root"
+
+
+def needs_root_permission(old: GpuQuota | None, new: GpuQuota | None) -> bool:
+    """A root has no parent to carve from: creating one, or raising its `hard`, hands out quota from
+    nothing, so it takes a permission of its own (delegation: whoever may create quotas under a parent
+    cannot mint a new tree)."""
+    if new is None or new.parent:
+        return False
+    if old is None:
+        return True
+    return any(amount > old.hard.get(key, ZERO) for key, amount in new.hard.items())
+
+
+def root_denied(quota: str, user: str, creating: bool) -> Denied:
+    what = "creating root" if creating else "raising spec.hard of root"
+    return Denied(
+        message=(
+            f'{what} GpuQuota "{quota}" needs the RBAC verb "{ROOT_VERB}" on gpuquotas.gpuforge.io'
+            f"{f' (user {user})' if user else ''}"
+        ),
+        quota=quota,
+    )

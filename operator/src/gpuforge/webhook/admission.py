@@ -20,10 +20,11 @@ from typing import Any
 
 import aiohttp
 
-from gpuforge.api.gpuquota import GpuQuota
-from gpuforge.constants import QUOTA_LABEL
+from gpuforge.api.gpuquota import PLURAL, GpuQuota
+from gpuforge.constants import GROUP, QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, Informer, QuotaApi
 from gpuforge.quota.admission import (
+    ROOT_VERB,
     Allowed,
     Decision,
     Denied,
@@ -31,6 +32,8 @@ from gpuforge.quota.admission import (
     admit_quota_create,
     admit_quota_delete,
     admit_quota_update,
+    needs_root_permission,
+    root_denied,
 )
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object
 from gpuforge.quota.ledger import Ledger
@@ -343,6 +346,11 @@ class AdmissionHandlers:
             return admit_quota_delete(target, [str(c["metadata"]["name"]) for c in children])
         if new is None:
             return Allowed()
+        if needs_root_permission(old, new) and not await self.api.may(
+            request.user_info,
+            {"verb": ROOT_VERB, "group": GROUP, "resource": PLURAL, "name": new.name},
+        ):
+            return root_denied(new.name, request.user, creating=old is None)
         now = self.clock()
         if request.operation == "CREATE":
             return await self._carve(

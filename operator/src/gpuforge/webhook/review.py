@@ -32,6 +32,7 @@ class AdmissionRequest:
     old_object: Mapping[str, Any] | None
     api_version: str = "admission.k8s.io/v1"
     user: str = ""
+    user_info: Mapping[str, Any] = field(default_factory=dict)  # request.userInfo, for access reviews
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -96,6 +97,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         old_object=_optional_object(request.get("oldObject"), "oldObject"),
         api_version=str(api_version),
         user=str(user),
+        user_info=user_info if isinstance(user_info, Mapping) else {},
         raw=request,
     )
 

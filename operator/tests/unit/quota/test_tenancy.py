@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpuforge.api.gpuquota import GpuQuota, LabelSelector, SelectorRequirement
+from gpuforge.quota.admission import needs_root_permission, root_denied
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, quota_to_object
 from gpuforge.quota.tenancy import admit_namespace, needs_labels, selector_matches
 
@@ -159,3 +160,33 @@ def test_a_quota_without_tenancy_fields_names_no_namespace() -> None:
     assert parsed.namespaces == () and parsed.namespace_selector is None
     assert not parsed.names_namespaces
     assert quota_from_object(spec(namespaceSelector={})).names_namespaces  # {} is every namespace
+
+
+def _tree(name: str, parent: str = "", gpus: int = 8) -> GpuQuota:
+    return GpuQuota(name, parent, {GPU: Decimal(gpus)})
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needed"),
+    [
+        (None, _tree("org"), True),  # a new tree
+        (None, _tree("team", "org"), False),  # carved from its parent
+        (_tree("org"), _tree("org", gpus=16), True),  # a root raised: quota from nothing
+        (_tree("org"), _tree("org", gpus=4), False),  # lowering gives quota back
+        (_tree("org"), _tree("org"), False),  # e.g. its namespaces changed
+        (_tree("team", "org"), _tree("team", "org", gpus=16), False),  # the parent's carve-out rules
+        (_tree("org"), None, False),
+    ],
+)
+def test_minting_quota_at_a_root_needs_its_own_permission(
+    old: GpuQuota | None, new: GpuQuota | None, needed: bool
+) -> None:
+    assert needs_root_permission(old, new) is needed
+
+
+def test_the_root_refusal_names_the_verb_and_the_user() -> None:
+    denied = root_denied("org", "alice", creating=True)
+    assert denied.code == 403
+    assert denied.message == (
+        'creating root GpuQuota "org" needs the RBAC verb "root" on gpuquotas.gpuforge.io (user alice)'
+    )
