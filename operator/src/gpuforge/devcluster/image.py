@@ -1,0 +1,270 @@
+"""The operator image, built without any container registry.
+
+The base is a Debian 12 root filesystem made by debootstrap (python3 and what `minbase` brings, no
+systemd), cached as a tarball under `cache_root()/image` keyed by its recipe and imported with
+`podman import`. On top of it `podman build` (operator/Dockerfile) copies the gpuforge wheel and its
+pinned dependencies, installed beforehand for Debian 12's CPython 3.11 by the host's pip.
+
+The image is tagged with the package version and labelled with a digest of everything it is built
+from, so `ensure_image()` rebuilds it only when that digest changes (or the image is gone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuforge import __version__
+from gpuforge.devcluster.build import cache_root
+
+Log = Callable[[str], None]
+
+# Bump when the base recipe changes in a way its package list does not show.
+BASE_RECIPE_VERSION = "1"
+BASE_SUITE = "bookworm"
+BASE_PACKAGES = ("python3",)
+# Debian 12's interpreter; the dependencies are installed for it, not for the host's.
+BASE_PYTHON = "3.11"
+# Wheels that run on bookworm's glibc 2.36 (pip does not widen an explicit --platform to older tags).
+BASE_PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 16, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+)
+# What the base does not need at run time (documentation, translations, apt's downloaded lists).
+BASE_PRUNED = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/lib/apt/lists")
+USER_ID = 65532
+IMAGE_NAME = "localhost/gpuforge-operator"
+SOURCE_URL = "https://github.com/gpuforge/gpuforge"
+DIGEST_LABEL = "io.gpuforge.image.digest"
+
+OPERATOR_DIR = Path(__file__).resolve().parents[3]
+DOCKERFILE = OPERATOR_DIR / "Dockerfile"
+
+
+class ImageError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Image:
+    ref: str
+    digest: str
+    size_bytes: int
+
+
+def _stderr(message: str) -> None:
+    print(f"image: {message}", file=sys.stderr, flush=True)
+
+
+def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(cmd, check=True, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+    except subprocess.CalledProcessError as error:
+        raise ImageError(f"{' '.join(cmd[:3])} failed ({error.returncode}): {error.stderr or ''}") from error
+
+
+# --- base --------------------------------------------------------------------------------------------
+
+
+def base_key() -> str:
+    recipe = " ".join((BASE_RECIPE_VERSION, BASE_SUITE, *BASE_PACKAGES, *BASE_PRUNED, str(USER_ID)))
+    return f"{BASE_SUITE}-{BASE_RECIPE_VERSION}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+
+
+def base_ref() -> str:
+    return f"localhost/gpuforge-base:{base_key()}"
+
+
+def base_dir() -> Path:
+    return cache_root() / "image"
+
+
+def base_tarball() -> Path:
+    return base_dir() / f"gpuforge-base-{base_key()}.tar.zst"
+
+
+def _tarball_is_sound(path: Path) -> bool:
+    return path.is_file() and subprocess.run(["zstd", "-q", "-t", str(path)], check=False).returncode == 0
+
+
+def _debootstrap(rootfs: Path, log: Log) -> None:
+    mirror = os.environ.get("GPUFORGE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    log(f"debootstrap {BASE_SUITE} from {mirror} (a minute or two)")
+    _run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(BASE_PACKAGES)}",
+            BASE_SUITE,
+            str(rootfs),
+            mirror,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    for pruned in BASE_PRUNED:
+        shutil.rmtree(rootfs / pruned, ignore_errors=True)
+    shutil.rmtree(rootfs / "var/cache/apt", ignore_errors=True)
+    (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
+    # The unprivileged user the operator runs as (no home, no shell), written here so the image build
+    # itself runs no command inside the image.
+    with (rootfs / "etc/passwd").open("a") as passwd:
+        passwd.write(f"gpuforge:x:{USER_ID}:{USER_ID}:gpuforge:/nonexistent:/usr/sbin/nologin\n")
+    with (rootfs / "etc/group").open("a") as group:
+        group.write(f"gpuforge:x:{USER_ID}:\n")
+
+
+def ensure_base(log: Log = _stderr, force: bool = False) -> str:
+    """The base image's reference: imported from the cached tarball, which is rebuilt if missing or broken."""
+    ref = base_ref()
+    if not force and subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
+        return ref
+    tarball = base_tarball()
+    if force or not _tarball_is_sound(tarball):
+        base_dir().mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=base_dir(), prefix="rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            _debootstrap(rootfs, log)
+            partial = tarball.with_suffix(".partial")
+            with partial.open("wb") as out:
+                tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+                _run(["zstd", "-q", "-T2", "-3"], stdin=tar.stdout, stdout=out)
+                if tar.wait() != 0:
+                    raise ImageError("tar of the base rootfs failed")
+            partial.rename(tarball)
+        for stale in base_dir().glob("gpuforge-base-*.tar.zst"):
+            if stale != tarball:
+                stale.unlink()
+    log(f"importing {tarball.name} as {ref}")
+    with tarball.open("rb") as src:
+        unzstd = subprocess.Popen(["zstd", "-q", "-d", "-c"], stdin=src, stdout=subprocess.PIPE)
+        _run(["podman", "import", "--quiet", "-", ref], stdin=unzstd.stdout, stdout=subprocess.DEVNULL)
+        unzstd.wait()
+    return ref
+
+
+# --- operator image ----------------------------------------------------------------------------------
+
+
+def _sources() -> Iterator[Path]:
+    yield OPERATOR_DIR / "pyproject.toml"
+    yield DOCKERFILE
+    for path in sorted((OPERATOR_DIR / "src").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and not path.name.endswith(".pyc"):
+            yield path
+
+
+def image_digest() -> str:
+    """A digest of everything the image is built from: base recipe, Dockerfile, pyproject and sources."""
+    digest = hashlib.sha256(base_key().encode())
+    for path in _sources():
+        digest.update(str(path.relative_to(OPERATOR_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def image_ref(version: str = __version__) -> str:
+    return f"{IMAGE_NAME}:{version}"
+
+
+def _labels(ref: str) -> dict[str, str]:
+    completed = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{json .Labels}}", ref],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if completed.returncode != 0:
+        return {}
+    labels = json.loads(completed.stdout or "null")
+    return dict(labels) if isinstance(labels, dict) else {}
+
+
+def image_size(ref: str) -> int:
+    out = _run(["podman", "image", "inspect", "--format", "{{.Size}}", ref], capture_output=True).stdout
+    return int(out.strip())
+
+
+def _install_packages(site: Path, wheels: Path, log: Log) -> None:
+    """The gpuforge wheel and its pinned dependencies, installed for the base's CPython."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    log("building the gpuforge wheel")
+    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(OPERATOR_DIR)], stderr=subprocess.PIPE)
+    wheel = next(wheels.glob("gpuforge-*.whl"))
+    log(f"installing {wheel.name} and its dependencies for CPython {BASE_PYTHON}")
+    _run(
+        [
+            *pip,
+            "install",
+            "--target",
+            str(site),
+            "--only-binary=:all:",
+            "--implementation=cp",
+            f"--python-version={BASE_PYTHON}",
+            *(f"--platform={platform}" for platform in BASE_PLATFORMS),
+            str(wheel),
+        ],
+        stderr=subprocess.PIPE,
+    )
+    # Console scripts carry the host interpreter's path; the image runs `python3 -m gpuforge`.
+    shutil.rmtree(site / "bin", ignore_errors=True)
+
+
+def build_image(log: Log = _stderr, force_base: bool = False) -> Image:
+    """Build the operator image (and the base, if needed); return its reference."""
+    base = ensure_base(log, force=force_base)
+    ref, digest = image_ref(), image_digest()
+    with tempfile.TemporaryDirectory(prefix="gpuforge-image-") as tmp:
+        context = Path(tmp)
+        _install_packages(context / "site-packages", context / "wheels", log)
+        log(f"podman build {ref}")
+        _run(
+            [
+                "podman",
+                "build",
+                "--quiet",
+                "--file",
+                str(DOCKERFILE),
+                "--build-arg",
+                f"BASE={base}",
+                "--build-arg",
+                f"VERSION={__version__}",
+                "--build-arg",
+                f"SOURCE={SOURCE_URL}",
+                "--label",
+                f"{DIGEST_LABEL}={digest}",
+                "--tag",
+                ref,
+                str(context),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    return Image(ref, digest, image_size(ref))
+
+
+def ensure_image(log: Log = _stderr) -> Image:
+    """The operator image for the current sources: reused when its digest label matches, else built."""
+    ref, digest = image_ref(), image_digest()
+    if _labels(ref).get(DIGEST_LABEL) == digest:
+        return Image(ref, digest, image_size(ref))
+    return build_image(log)
+
+
+def main() -> None:
+    """`python -m gpuforge.devcluster.image`: build (or reuse) the image and print its reference and size."""
+    built = ensure_image()
+    print(f"{built.ref} ({built.size_bytes / 1e6:.0f} MB, digest {built.digest})")
+
+
+if __name__ == "__main__":
+    main()
