@@ -108,12 +108,27 @@ def load_credentials(kubeconfig: Path | None = None, context: str | None = None)
         ssl_context = False
     if configuration.cert_file and isinstance(ssl_context, ssl.SSLContext):
         ssl_context.load_cert_chain(configuration.cert_file, configuration.key_file)
-    headers = {}
-    token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
-    if token:
-        prefix = configuration.api_key_prefix.get("authorization", "")
-        headers["Authorization"] = token if token.startswith("Bearer") else f"{prefix or 'Bearer'} {token}"
-    return Credentials(str(configuration.host), ssl_context, headers)
+    header = authorization_header(configuration)
+    return Credentials(str(configuration.host), ssl_context, {"Authorization": header} if header else {})
+
+
+def authorization_header(configuration: Any) -> str:
+    """The Authorization value of a loaded client configuration, with exactly one scheme.
+
+    A kubeconfig token arrives bare under `authorization` (its scheme, if any, in `api_key_prefix`); the
+    in-cluster loader stores the service-account token as "bearer <token>" under `BearerToken`. The
+    scheme is matched without regard to case, as the API server does."""
+    for key in ("authorization", "BearerToken"):
+        value = str(configuration.api_key.get(key) or "").strip()
+        if not value:
+            continue
+        scheme, _, rest = value.partition(" ")
+        if rest and scheme.lower() == "bearer":
+            return f"Bearer {rest.strip()}"
+        if rest:  # another scheme (Basic, ...): as configured
+            return value
+        return f"{configuration.api_key_prefix.get(key) or 'Bearer'} {value}"
+    return ""
 
 
 class QuotaApi:
