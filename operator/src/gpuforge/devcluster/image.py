@@ -198,7 +198,17 @@ def _install_packages(site: Path, wheels: Path, log: Log) -> None:
     """The gpuforge wheel and its pinned dependencies, installed for the base's CPython."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     log("building the gpuforge wheel")
-    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(OPERATOR_DIR)], stderr=subprocess.PIPE)
+    # From a copy: setuptools leaves build/ in the source tree, and a stale build/lib would put files
+    # deleted since into the wheel.
+    source = wheels.parent / "source"
+    source.mkdir()
+    shutil.copy2(OPERATOR_DIR / "pyproject.toml", source / "pyproject.toml")
+    shutil.copytree(
+        OPERATOR_DIR / "src",
+        source / "src",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+    )
+    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)], stderr=subprocess.PIPE)
     wheel = next(wheels.glob("gpuforge-*.whl"))
     log(f"installing {wheel.name} and its dependencies for CPython {BASE_PYTHON}")
     _run(
