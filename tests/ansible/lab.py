@@ -320,15 +320,26 @@ def _start_repo_server(state: Path) -> int:
     raise SystemExit("lab: the repository server did not start")
 
 
-def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
-    container = f"{LAB_PREFIX}gpuforge-lab-{lab}-{spec.name}"
-    hardware = state / "hw" / spec.name
-    write_hardware(spec, hardware)
-    port = _free_port()
-    sshd = state / "sshd" / f"{spec.name}.conf"
-    sshd.parent.mkdir(exist_ok=True)
-    sshd.write_text(f"Port {port}\nListenAddress 127.0.0.1\n")
+def run_systemd_host(
+    container: str,
+    hostname: str,
+    labels: dict[str, str],
+    image: str,
+    hardware: Path,
+    volumes: list[str],
+    podman_args: tuple[str, ...] = (),
+) -> None:
+    """Boot a host: a privileged systemd container on the host network, seeing `hardware` as its GPUs.
+
+    Also the way the local control plane starts its real kubelet nodes (gpuforge.devcluster.realnodes).
+    """
     subprocess.run(["podman", "rm", "--force", "--time", "0", container], check=False, capture_output=True)
+    label_args = [arg for key, value in labels.items() for arg in ("--label", f"{key}={value}")]
+    hardware_volumes = [
+        f"{hardware}:/var/lib/gpuforge-sim:ro",
+        f"{hardware}/pci:/sys/bus/pci/devices:ro",
+        f"{hardware}/firmware:/sys/firmware:ro",
+    ]
     run(
         [
             "podman",
@@ -339,9 +350,9 @@ def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
             "--name",
             container,
             "--hostname",
-            spec.name,
-            "--label",
-            f"{LAB_LABEL}={LAB_PREFIX}{lab}",
+            hostname,
+            *label_args,
+            *podman_args,
             "--network",
             "host",
             "--privileged",
@@ -349,23 +360,34 @@ def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
             "always",
             "--restart",
             "always",
-            "--volume",
-            f"{hardware}:/var/lib/gpuforge-sim:ro",
-            "--volume",
-            f"{hardware}/pci:/sys/bus/pci/devices:ro",
-            "--volume",
-            f"{hardware}/firmware:/sys/firmware:ro",
-            "--volume",
-            f"{sshd}:/etc/ssh/sshd_config.d/20-lab-port.conf:ro",
-            # The host's own distribution archive: here only the kernel headers of the running kernel.
-            "--volume",
-            f"{state}/distro.sources:/etc/apt/sources.list.d/debian-lab.sources:ro",
-            "--volume",
-            f"{state}/ssh/id_ed25519.pub:/root/.ssh/authorized_keys:ro",
+            *(arg for volume in (*hardware_volumes, *volumes) for arg in ("--volume", volume)),
             image,
             "/sbin/init",
         ],
         stdout=subprocess.DEVNULL,
+    )
+
+
+def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
+    container = f"{LAB_PREFIX}gpuforge-lab-{lab}-{spec.name}"
+    hardware = state / "hw" / spec.name
+    write_hardware(spec, hardware)
+    port = _free_port()
+    sshd = state / "sshd" / f"{spec.name}.conf"
+    sshd.parent.mkdir(exist_ok=True)
+    sshd.write_text(f"Port {port}\nListenAddress 127.0.0.1\n")
+    run_systemd_host(
+        container,
+        spec.name,
+        {LAB_LABEL: f"{LAB_PREFIX}{lab}"},
+        image,
+        hardware,
+        [
+            f"{sshd}:/etc/ssh/sshd_config.d/20-lab-port.conf:ro",
+            # The host's own distribution archive: here only the kernel headers of the running kernel.
+            f"{state}/distro.sources:/etc/apt/sources.list.d/debian-lab.sources:ro",
+            f"{state}/ssh/id_ed25519.pub:/root/.ssh/authorized_keys:ro",
+        ],
     )
     return LabHost(spec.name, container, "127.0.0.1", port, "root", str(state / "ssh/id_ed25519"))
 
