@@ -1,4 +1,4 @@
-"""Build the local control plane's binaries from the Go module proxy, into a cache outside the checkout.
+"""Build the local control plane's and its real nodes' binaries from the Go module proxy, into a cache.
 
 kube-apiserver, kube-controller-manager, kube-scheduler and kubectl come from k8s.io/kubernetes, etcd from
 go.etcd.io/etcd/server/v3 (etcdmain), kwok from sigs.k8s.io/kwok. Each is built in a small wrapper module
@@ -6,6 +6,10 @@ go.etcd.io/etcd/server/v3 (etcdmain), kwok from sigs.k8s.io/kwok. Each is built 
 `<cache>/controlplane/<key>/bin`, where the key names the pinned versions and a digest of everything that
 shapes the build. A manifest written last marks the cache complete; a missing or inconsistent one means a
 partial or broken build, which is thrown away and rebuilt.
+
+The real nodes' programs (kubelet of the same release, the sandbox's pause program, the pretend GPU device
+plugin and a GPU workload) are built the same way from `gomod/node/` into `<cache>/nodes/<key>/bin`, under a
+key of their own: building them never invalidates the control plane.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-schedu
 # Components of the older release, for the beta-only API profiles; built into bin/beta/.
 BETA_COMPONENTS = ("kube-controller-manager", "kube-scheduler")
 BINARIES = (*KUBERNETES_BINARIES, "etcd", "kwok", *(f"beta/{name}" for name in BETA_COMPONENTS))
+NODE_GOMOD = "node"
+# Static programs that run in the nodes' containers (scratch images), built with CGO_ENABLED=0.
+NODE_PROGRAMS = ("pause", "gpu-workload")
+NODE_BINARIES = ("kubelet", *NODE_PROGRAMS)
 
 
 class BuildError(RuntimeError):
@@ -95,18 +103,44 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "gpuforge"
 
 
-def _recipe_files() -> Iterator[Path]:
+def _recipe_files(nodes: bool = False) -> Iterator[Path]:
+    """What shapes a build: the pins, and the wrapper modules of the control plane or of the nodes."""
     yield VERSIONS_FILE
+    node_dir = GOMOD_DIR / NODE_GOMOD
     if GOMOD_DIR.is_dir():
-        yield from sorted(p for p in GOMOD_DIR.rglob("*") if p.is_file())
+        files = sorted(p for p in GOMOD_DIR.rglob("*") if p.is_file())
+        yield from (p for p in files if p.is_relative_to(node_dir) == nodes)
+
+
+def _recipe_digest(nodes: bool) -> str:
+    digest = hashlib.sha256(RECIPE_REVISION.encode())
+    for path in _recipe_files(nodes):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def build_key(versions: Versions) -> str:
-    digest = hashlib.sha256(RECIPE_REVISION.encode())
-    for path in _recipe_files():
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return f"k8s-{versions.kubernetes}_etcd-{versions.etcd}_kwok-{versions.kwok}_{digest.hexdigest()[:12]}"
+    return f"k8s-{versions.kubernetes}_etcd-{versions.etcd}_kwok-{versions.kwok}_{_recipe_digest(False)}"
+
+
+def node_build_key(versions: Versions) -> str:
+    return f"kubelet-{versions.kubernetes}_{_recipe_digest(True)}"
+
+
+@dataclass(frozen=True)
+class _BuildKind:
+    """The control plane or the nodes: where their cache lives and what a complete build holds."""
+
+    directory: str
+    binaries: tuple[str, ...]
+
+    def key(self, versions: Versions) -> str:
+        return node_build_key(versions) if self.directory == "nodes" else build_key(versions)
+
+
+CONTROL_PLANE = _BuildKind("controlplane", BINARIES)
+NODES = _BuildKind("nodes", NODE_BINARIES)
 
 
 @dataclass(frozen=True)
@@ -115,9 +149,10 @@ class Binaries:
 
     directory: Path
     versions: Versions
+    names: tuple[str, ...] = BINARIES
 
     def path(self, name: str) -> Path:
-        assert name in BINARIES, name
+        assert name in self.names, name
         return self.directory / name
 
 
@@ -125,26 +160,30 @@ def _manifest_path(bin_dir: Path) -> Path:
     return bin_dir.parent / "manifest.json"
 
 
-def cached_binaries(versions: Versions | None = None) -> Binaries | None:
+def cached_binaries(versions: Versions | None = None, kind: _BuildKind = CONTROL_PLANE) -> Binaries | None:
     """The cached binaries if the cache is complete and intact, else None (cheap: sizes, not hashes)."""
     versions = versions or load_versions()
-    bin_dir = cache_root() / "controlplane" / build_key(versions) / "bin"
+    bin_dir = cache_root() / kind.directory / kind.key(versions) / "bin"
     try:
         manifest = json.loads(_manifest_path(bin_dir).read_text())
-        for name in BINARIES:
+        for name in kind.binaries:
             recorded = manifest["binaries"][name]
             path = bin_dir / name
             if path.stat().st_size != recorded["size"] or not os.access(path, os.X_OK):
                 return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Binaries(bin_dir, versions)
+    return Binaries(bin_dir, versions, kind.binaries)
 
 
 def verify_hashes(binaries: Binaries) -> list[str]:
     """Names of binaries whose content no longer matches the manifest (a full check, reads every byte)."""
     manifest = json.loads(_manifest_path(binaries.directory).read_text())
-    return [name for name in BINARIES if _sha256(binaries.path(name)) != manifest["binaries"][name]["sha256"]]
+    return [
+        name
+        for name in binaries.names
+        if _sha256(binaries.path(name)) != manifest["binaries"][name]["sha256"]
+    ]
 
 
 def _sha256(path: Path) -> str:
@@ -214,6 +253,9 @@ class _Target:
     packages: tuple[str, ...]
     outputs: tuple[str, ...]
     ldflags: str
+    # The wrapper module under gomod/ (default: the target's name) and extra environment.
+    module: str = ""
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def _version_flags(k8s_version: str) -> str:
@@ -255,13 +297,32 @@ def _targets(versions: Versions) -> list[_Target]:
     ]
 
 
+def _node_targets(versions: Versions) -> list[_Target]:
+    return [
+        _Target(
+            "kubelet",
+            ("k8s.io/kubernetes/cmd/kubelet",),
+            ("kubelet",),
+            f"-s -w {_version_flags(versions.kubernetes)}",
+            module=NODE_GOMOD,
+        ),
+        _Target(
+            "node-programs",
+            tuple(f"./cmd/{name}" for name in NODE_PROGRAMS),
+            NODE_PROGRAMS,
+            "-s -w",
+            module=NODE_GOMOD,
+            env=(("CGO_ENABLED", "0"),),
+        ),
+    ]
+
+
 def _write_wrapper_module(target: str, versions: Versions, work: Path, go: Path, env: dict[str, str]) -> None:
     """Lay out the wrapper module: the committed go.mod/go.sum if present, else generated from the pins."""
     work.mkdir(parents=True, exist_ok=True)
     committed = GOMOD_DIR / target
     if committed.is_dir():
-        for item in committed.iterdir():
-            shutil.copy2(item, work / item.name)
+        shutil.copytree(committed, work, dirs_exist_ok=True)
         return
     if target in ("kubernetes", "kubernetes-beta"):
         release, staging_tag = (
@@ -328,9 +389,9 @@ def _count_packages(go: Path, target: _Target, work: Path, env: dict[str, str]) 
 
 
 @contextlib.contextmanager
-def _build_lock(key: str, console: Console) -> Iterator[None]:
+def _build_lock(key: str, console: Console, directory: str = "controlplane") -> Iterator[None]:
     """One build per key at a time: a second `make test` or test session waits for the first build."""
-    lock_path = cache_root() / "controlplane" / f"{key}.lock"
+    lock_path = cache_root() / directory / f"{key}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as lock:
         try:
@@ -358,8 +419,27 @@ def build(console: Console | None = None, force: bool = False) -> Binaries:
         return _build_locked(versions, key, console)
 
 
-def _build_locked(versions: Versions, key: str, console: Console) -> Binaries:
-    target_dir = cache_root() / "controlplane" / key
+def build_nodes(console: Console | None = None, force: bool = False) -> Binaries:
+    """The real nodes' binaries (kubelet, pause, device plugin, workload), built first if needed."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    versions = load_versions()
+    if not force:
+        cached = cached_binaries(versions, NODES)
+        if cached is not None:
+            return cached
+    key = node_build_key(versions)
+    with _build_lock(key, console, NODES.directory):
+        if not force:
+            cached = cached_binaries(versions, NODES)
+            if cached is not None:
+                return cached
+        return _build_locked(versions, key, console, NODES)
+
+
+def _build_locked(
+    versions: Versions, key: str, console: Console, kind: _BuildKind = CONTROL_PLANE
+) -> Binaries:
+    target_dir = cache_root() / kind.directory / key
     if target_dir.exists():
         console.print(f"[yellow]Cache {target_dir} is incomplete or broken: rebuilding[/]")
         shutil.rmtree(target_dir)
@@ -370,12 +450,17 @@ def _build_locked(versions: Versions, key: str, console: Console) -> Binaries:
 
     go = find_go(versions, console)
     env = go_environment()
-    console.print(
-        f"Building the local control plane (Kubernetes {versions.kubernetes}, controller-manager and "
-        f"scheduler {versions.beta_kubernetes} for the beta API profiles, etcd {versions.etcd}, "
-        f"kwok {versions.kwok}) with {go} into {target_dir}.\n"
-        "The first build takes many minutes on 2 cores; later runs reuse it."
-    )
+    if kind is NODES:
+        console.print(
+            f"Building the real nodes' kubelet {versions.kubernetes} and programs into {target_dir}"
+        )
+    else:
+        console.print(
+            f"Building the local control plane (Kubernetes {versions.kubernetes}, controller-manager and "
+            f"scheduler {versions.beta_kubernetes} for the beta API profiles, etcd {versions.etcd}, "
+            f"kwok {versions.kwok}) with {go} into {target_dir}.\n"
+            "The first build takes many minutes on 2 cores; later runs reuse it."
+        )
     started = time.monotonic()
     columns = (
         SpinnerColumn(),
@@ -386,11 +471,12 @@ def _build_locked(versions: Versions, key: str, console: Console) -> Binaries:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        for target in _targets(versions):
+        for target in _node_targets(versions) if kind is NODES else _targets(versions):
             work = staging_dir / "src" / target.name
             task = progress.add_task(f"{target.name}: resolving modules", total=None)
-            _write_wrapper_module(target.name, versions, work, go, env)
-            total = _count_packages(go, target, work, env)
+            _write_wrapper_module(target.module or target.name, versions, work, go, env)
+            target_env = {**env, **dict(target.env)}
+            total = _count_packages(go, target, work, target_env)
             progress.update(task, description=f"{target.name}: compiling", total=total)
             out = (
                 bin_dir / Path(target.outputs[0]).parent
@@ -403,7 +489,7 @@ def _build_locked(versions: Versions, key: str, console: Console) -> Binaries:
                 "-o", f"{out}/" if len(target.outputs) > 1 else str(out), *target.packages,
             ]  # fmt: skip
             process = subprocess.Popen(
-                command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                command, cwd=work, env=target_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
             assert process.stdout is not None
             tail: list[str] = []
@@ -422,15 +508,16 @@ def _build_locked(versions: Versions, key: str, console: Console) -> Binaries:
         "go": str(go),
         "binaries": {
             name: {"size": (bin_dir / name).stat().st_size, "sha256": _sha256(bin_dir / name)}
-            for name in BINARIES
+            for name in kind.binaries
         },
     }
     (staging_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     staging_dir.rename(target_dir)  # atomic: a crash before this leaves only the .partial directory
     elapsed = manifest["duration_seconds"]
     assert isinstance(elapsed, float)
-    console.print(f"[green]Control plane built in {int(elapsed // 60)}m{int(elapsed % 60):02d}s[/]")
-    result = cached_binaries(versions)
+    what = "Node programs" if kind is NODES else "Control plane"
+    console.print(f"[green]{what} built in {int(elapsed // 60)}m{int(elapsed % 60):02d}s[/]")
+    result = cached_binaries(versions, kind)
     if result is None:
         raise BuildError(f"build finished but {target_dir} does not verify")
     return result
