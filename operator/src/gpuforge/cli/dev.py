@@ -13,8 +13,9 @@ from rich.table import Table
 
 from gpuforge.devcluster.build import BuildError, build, cached_binaries, load_versions, verify_hashes
 from gpuforge.devcluster.cluster import AlreadyRunning, ClusterError, DevCluster, NotRunning, list_clusters
-from gpuforge.devcluster.pools import PoolError, load_pools, uniform_pools
+from gpuforge.devcluster.pools import Pool, PoolError, load_pools, uniform_pools
 from gpuforge.devcluster.profiles import DEFAULT_PROFILE, SUPPORTED_MINORS, ProfileError, parse_profile
+from gpuforge.devcluster.realnodes import RealNodeError, running_hosts
 
 EXIT_FAILURE = 1
 EXIT_NOT_RUNNING = 3
@@ -92,7 +93,13 @@ _name_option = click.option("--name", default="default", show_default=True, help
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML file with GPU node pools (see examples/pools.yaml).",
 )
-def up(name: str, api_profile: str, nodes: int | None, pools_file: Path | None) -> None:
+@click.option(
+    "--real-nodes",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Also boot N real kubelet nodes (lab hosts under rootful podman) with pretend GPUs.",
+)
+def up(name: str, api_profile: str, nodes: int | None, pools_file: Path | None, real_nodes: int) -> None:
     """Start a cluster and print its kubeconfig path when every part is healthy."""
     if nodes is not None and pools_file is not None:
         raise click.UsageError("--nodes and --pools exclude each other")
@@ -101,19 +108,24 @@ def up(name: str, api_profile: str, nodes: int | None, pools_file: Path | None) 
     except PoolError as error:
         _fail(str(error))
         return
+    if real_nodes:
+        if any(pool.name == "real" for pool in pools):
+            raise click.UsageError("--real-nodes adds a pool named 'real'; the pools file has one already")
+        pools = [*pools, Pool("real", real_nodes, real=True)]
     dev_cluster = DevCluster(name)
     try:
         seconds = dev_cluster.up(api_profile, pools, console=err)
     except AlreadyRunning as error:
         _fail(str(error), EXIT_FAILURE)
         return
-    except (ClusterError, BuildError) as error:
+    except (ClusterError, BuildError, RealNodeError) as error:
         _fail(str(error))
         return
-    count = sum(p.count for p in pools)
+    count = sum(p.count for p in pools if not p.real)
+    real = sum(p.count for p in pools if p.real)
     err.print(
         f"[green]Cluster {name!r} up in {seconds:.1f}s[/]: API profile {api_profile}, "
-        f"{count} simulated GPU nodes.\n"
+        f"{count} simulated GPU nodes, {real} real nodes.\n"
         f"  export KUBECONFIG={dev_cluster.kubeconfig}"
     )
     out.print(str(dev_cluster.kubeconfig), highlight=False)
@@ -146,6 +158,7 @@ def status(name: str, output: str) -> None:
         _fail(f"cluster {name!r} does not exist", EXIT_NOT_RUNNING)
         return
     components = dev_cluster.status()
+    hosts = set(running_hosts(name)) if state.real_nodes else set()
     profile = parse_profile(state.profile)
     document = {
         "name": name,
@@ -153,6 +166,10 @@ def status(name: str, output: str) -> None:
         "servedResourceVersions": list(profile.served_versions),
         "kubeconfig": str(dev_cluster.kubeconfig),
         "components": [c.__dict__ for c in components],
+        "realNodes": [
+            {"name": node, "container": record["container"], "running": record["container"] in hosts}
+            for node, record in sorted(state.real_nodes.items())
+        ],
         "lockedFeatureGateDifferences": list(profile.locked_differences),
     }
     if output == "json":
@@ -172,6 +189,14 @@ def status(name: str, output: str) -> None:
                 c.detail[:60],
             )
         out.print(table)
+        if state.real_nodes:
+            nodes_table = Table(title="real nodes (all others are kwok)")
+            for column in ("node", "host container", "running"):
+                nodes_table.add_column(column)
+            for node, record in sorted(state.real_nodes.items()):
+                container = record["container"]
+                nodes_table.add_row(node, container, "yes" if container in hosts else "[red]no[/]")
+            out.print(nodes_table)
         out.print(
             f"resource.k8s.io served: {', '.join(profile.served_versions)}; "
             f"kubeconfig {dev_cluster.kubeconfig}"

@@ -29,11 +29,13 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from gpuforge.devcluster import pki
+from gpuforge.devcluster import pki, realnodes
 from gpuforge.devcluster.build import Binaries, build
 from gpuforge.devcluster.pools import (
     SIM_HEALTH_ANNOTATION,
     Pool,
+    lab_gpu_models,
+    real_node_patch,
     render_nodes,
 )
 from gpuforge.devcluster.profiles import DEFAULT_PROFILE, ApiProfile, parse_profile
@@ -119,6 +121,8 @@ class ClusterState:
     ports: dict[str, int]
     processes: dict[str, ProcessRecord] = field(default_factory=dict)
     pools: list[dict[str, Any]] = field(default_factory=list)
+    # Real kubelet nodes (lab hosts under podman): name -> their RealNode fields.
+    real_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
 
     def to_json(self) -> str:
@@ -264,6 +268,8 @@ class DevCluster:
         order = [c for c in reversed(COMPONENTS) if c in state.processes]
         order += [c for c in state.processes if c not in order]
         stopped = self._stop(state, order, timeout)
+        stopped += realnodes.remove_nodes(self.name)
+        state.real_nodes.clear()
         self._save_state(state)
         return stopped
 
@@ -377,6 +383,8 @@ class DevCluster:
                 f"--runtime-config={profile.runtime_config()}",
                 *([f"--feature-gates={profile.feature_gates}"] if profile.feature_gates else []),
                 "--allow-privileged=true",
+                # Real nodes' names resolve nowhere: reach their kubelets (logs, exec) by address.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 # The loopback address cannot be an Endpoints address: nobody needs kubernetes.default here.
                 "--endpoint-reconciler-type=none",
                 "--max-requests-inflight=2000",
@@ -582,6 +590,7 @@ class DevCluster:
         state = self.load_state()
         if state is None:
             raise NotRunning(f"cluster {self.name!r} is not running")
+        real_names = self._add_real_nodes(state, [p for p in pools if p.real], console)
         profile = parse_profile(state.profile)
         nodes = render_nodes(pools, profile.default_kubelet_version)
         with self.api_client() as api_client:
@@ -601,7 +610,48 @@ class DevCluster:
         names = [node["metadata"]["name"] for node in nodes]
         if wait and names:
             self.wait_nodes_ready(names, console=console)
-        return names
+        if real_names:
+            self.wait_nodes_ready(real_names, console=console)
+            with self.api_client() as patch_client:
+                nodes_api: Any = client.CoreV1Api(patch_client)
+                for real_pool in pools:
+                    if real_pool.real:
+                        for name in real_pool.node_names():
+                            nodes_api.patch_node(name, real_node_patch(real_pool))
+        return [*names, *real_names]
+
+    def _add_real_nodes(
+        self, state: ClusterState, pools: Sequence[Pool], console: Console | None
+    ) -> list[str]:
+        """Boot a lab host with a real kubelet per node of the real pools; they register themselves."""
+        count = sum(pool.count for pool in pools)
+        if not count:
+            return []
+        ports = iter(free_ports(2 * count))
+        nodes = [
+            realnodes.RealNode(
+                name=name,
+                container=realnodes.container_name(self.name, name),
+                kubelet_port=next(ports),
+                healthz_port=next(ports),
+                gpus=lab_gpu_models(pool.gpu),
+            )
+            for pool in pools
+            for name in pool.node_names()
+        ]
+        server = f"https://127.0.0.1:{state.ports['apiserver']}"
+        status = (console or Console(stderr=True)).status(f"Starting {count} real node(s)")
+        with status:
+            try:
+                realnodes.start_nodes(self.name, self.state_dir, self.pki_dir, server, nodes)
+            finally:
+                state.real_nodes.update({node.name: asdict(node) for node in nodes})
+                self._save_state(state)
+        return [node.name for node in nodes]
+
+    def real_node_names(self) -> list[str]:
+        state = self.load_state()
+        return sorted(state.real_nodes) if state else []
 
     def wait_nodes_ready(
         self, names: Sequence[str], timeout: float = 180, console: Console | None = None

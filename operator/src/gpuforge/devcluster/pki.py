@@ -148,6 +148,29 @@ def write_pki(pki_dir: Path) -> None:
         path.chmod(0o600 if name.endswith(".key") else 0o644)
 
 
+def node_identity(node_name: str) -> ClientIdentity:
+    """A real kubelet's identity: the Node authorizer and NodeRestriction key on this name and group."""
+    return ClientIdentity(f"node-{node_name}", f"system:node:{node_name}", ("system:nodes",))
+
+
+def issue_client(pki_dir: Path, identity: ClientIdentity) -> None:
+    """Sign a client certificate for `identity` with the cluster's CA (for joiners after `write_pki`)."""
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    key = _key()
+    cert = _issue(
+        _name(identity.common_name, identity.organizations),
+        key.public_key(),
+        ca_cert.subject,
+        ca_key,
+        client=True,
+    )
+    (pki_dir / f"{identity.file_stem}.key").write_bytes(_pem_key(key))
+    (pki_dir / f"{identity.file_stem}.key").chmod(0o600)
+    (pki_dir / f"{identity.file_stem}.crt").write_bytes(_pem_cert(cert))
+
+
 def kubeconfig(pki_dir: Path, identity: ClientIdentity, server: str, cluster_name: str) -> str:
     def b64(name: str) -> str:
         return base64.b64encode((pki_dir / name).read_bytes()).decode()

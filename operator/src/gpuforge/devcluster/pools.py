@@ -76,6 +76,8 @@ class Pool:
     cpu: str = "64"
     memory: str = "512Gi"
     pods: str = "110"
+    # A real kubelet node (a lab host with containerd) instead of a kwok one; always the cluster's release.
+    real: bool = False
 
     def node_names(self) -> list[str]:
         return [f"{self.name}-{index}" for index in range(self.count)]
@@ -130,6 +132,13 @@ def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
         kubelet = raw.get("kubeletVersion")
         if kubelet is not None and (not isinstance(kubelet, str) or not _KUBELET_VERSION.match(kubelet)):
             raise PoolError(f"{where}.kubeletVersion must look like v1.34.2, got {kubelet!r}")
+        real = raw.get("real", False)
+        if not isinstance(real, bool):
+            raise PoolError(f"{where}.real must be true or false, got {real!r}")
+        if real and kubelet is not None:
+            raise PoolError(
+                f"{where}.kubeletVersion cannot be set on a real pool: its kubelet is the cluster's"
+            )
         taints = tuple(
             Taint(key=t["key"], effect=t["effect"], value=str(t.get("value", "")))
             for t in raw.get("taints", [])
@@ -145,6 +154,7 @@ def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
                 cpu=str(raw.get("cpu", "64")),
                 memory=str(raw.get("memory", "512Gi")),
                 pods=str(raw.get("pods", "110")),
+                real=real,
             )
         )
     names = [pool.name for pool in pools]
@@ -248,4 +258,37 @@ def render_node(pool: Pool, name: str, default_kubelet_version: str) -> dict[str
 
 
 def render_nodes(pools: Sequence[Pool], default_kubelet_version: str) -> list[dict[str, Any]]:
-    return [render_node(pool, name, default_kubelet_version) for pool in pools for name in pool.node_names()]
+    """The kwok nodes of the pools (real pools register themselves through their kubelets)."""
+    return [
+        render_node(pool, name, default_kubelet_version)
+        for pool in pools
+        if not pool.real
+        for name in pool.node_names()
+    ]
+
+
+# The lab's simulated GPU models (tests/ansible/lab.py GPU_MODELS), by a word of the product name.
+_LAB_GPU_MODELS = (("H100", "h100"), ("A100", "a100"), ("L40S", "l40s"), ("L4", "l4"), ("T4", "t4"))
+
+
+def lab_gpu_models(gpu: GpuSpec | None) -> tuple[str, ...]:
+    """The lab hardware a real node of this pool pretends to have: `count` GPUs of the nearest model."""
+    if gpu is None:
+        return ()
+    product = gpu.product.upper()
+    model = next((key for word, key in _LAB_GPU_MODELS if word in product), "a100")
+    return (model,) * gpu.count
+
+
+def real_node_patch(pool: Pool) -> dict[str, Any]:
+    """Labels and taints a real node gets after it registers: what NFD and GFD would publish, and the pool's.
+
+    A kubelet may not set labels under kubernetes.io itself (NFD's are), so the cluster patches them."""
+    labels = {SIM_POOL_LABEL: pool.name, **(gpu_labels(pool.gpu) if pool.gpu else {}), **pool.labels}
+    taints = [
+        {"key": t.key, "value": t.value, "effect": t.effect}
+        if t.value
+        else {"key": t.key, "effect": t.effect}
+        for t in pool.taints
+    ]
+    return {"metadata": {"labels": labels}, **({"spec": {"taints": taints}} if taints else {})}

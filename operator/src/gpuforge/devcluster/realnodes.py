@@ -1,0 +1,338 @@
+"""Real kubelet nodes of the local control plane: the Ansible lab's Debian 12 hosts, each running a kubelet of
+the cluster's release and containerd 1.7 (CDI enabled), joined with a client certificate signed by the
+cluster's CA. Only the GPUs are pretend: each host sees the lab's simulated hardware files.
+
+Hosts share the machine's network (nothing leaves it): every kubelet listens on loopback ports of its own, and
+pods get a bridge of their node's own, with no route off it. No image is ever pulled: the sandbox (pause) and
+workload images are built here from static programs and imported into each node's containerd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from gpuforge.devcluster import pki
+from gpuforge.devcluster.build import NODE_PROGRAMS, Binaries, build_nodes
+
+PACKAGE_DIR = Path(__file__).parent
+NODE_IMAGE_DIR = PACKAGE_DIR / "nodeimage"
+LAB_SCRIPT = PACKAGE_DIR.parents[3] / "tests" / "ansible" / "lab.py"
+CLUSTER_LABEL = "io.gpuforge.devcluster"
+# Set on every real node, so tests and `status` tell them from kwok's.
+REAL_NODE_LABEL = "gpuforge.io/real-node"
+IMAGE_REPOSITORY = "localhost/gpuforge"
+
+
+class RealNodeError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class RealNode:
+    name: str
+    container: str
+    kubelet_port: int
+    healthz_port: int
+    gpus: tuple[str, ...]
+
+
+def _lab() -> ModuleType:
+    """The Ansible lab (tests/ansible/lab.py): its host image, hardware files and way of booting hosts."""
+    spec = importlib.util.spec_from_file_location("gpuforge_ansible_lab", LAB_SCRIPT)
+    if spec is None or spec.loader is None or not LAB_SCRIPT.is_file():
+        raise RealNodeError(f"real nodes need the lab of a gpuforge checkout ({LAB_SCRIPT} is missing)")
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
+    if result.returncode != 0:
+        raise RealNodeError(f"{' '.join(command[:4])} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    return result
+
+
+def _image_exists(ref: str) -> bool:
+    return subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0
+
+
+def node_image() -> str:
+    """The lab's Debian 12 host image plus Debian 13's containerd and the CNI plugins (cached by digest)."""
+    base = str(_lab().build_image("debian12"))
+    containerfile = (NODE_IMAGE_DIR / "Containerfile").read_bytes()
+    digest = hashlib.sha256(containerfile + base.encode()).hexdigest()[:12]
+    ref = f"{IMAGE_REPOSITORY}-realnode:{digest}"
+    if not _image_exists(ref):
+        _run(
+            [
+                "podman",
+                "build",
+                "--network",
+                "host",
+                "--build-arg",
+                f"BASE={base}",
+                "-t",
+                ref,
+                str(NODE_IMAGE_DIR),
+            ]
+        )
+    return ref
+
+
+def program_image_ref(binaries: Binaries, program: str) -> str:
+    return f"{IMAGE_REPOSITORY}/{program}:{binaries.directory.parent.name.lower()}"
+
+
+def program_images(binaries: Binaries) -> dict[str, Path]:
+    """Each static node program as a one-file image archive beside the build (built once per build key)."""
+    archives: dict[str, Path] = {}
+    images_dir = binaries.directory.parent / "images"
+    images_dir.mkdir(exist_ok=True)
+    for program in NODE_PROGRAMS:
+        archive = images_dir / f"{program}.tar"
+        ref = program_image_ref(binaries, program)
+        if not archive.is_file():
+            with tempfile.TemporaryDirectory() as context:
+                shutil.copy2(binaries.path(program), Path(context) / program)
+                (Path(context) / "Containerfile").write_text(
+                    f'FROM scratch\nCOPY {program} /{program}\nENTRYPOINT ["/{program}"]\n'
+                )
+                _run(["podman", "build", "-t", ref, context])
+            partial = archive.with_suffix(".partial")
+            _run(["podman", "save", "--format", "docker-archive", "-o", str(partial), ref])
+            partial.rename(archive)
+        archives[program] = archive
+    return archives
+
+
+def kubelet_config(node: RealNode, address: str) -> dict[str, Any]:
+    """Kubelet settings for a host that shares the machine's network and runs on cgroup v1 in a container."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": address,
+        "port": node.kubelet_port,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": node.healthz_port,
+        "readOnlyPort": 0,
+        # Only the API server on this machine reaches it; it presents no client certificate to kubelets.
+        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+        "cgroupDriver": "cgroupfs",
+        # The sandbox runs a cgroup v1 hierarchy that a container cannot fully own.
+        "failCgroupV1": False,
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "failSwapOn": False,
+        "localStorageCapacityIsolation": False,
+        "protectKernelDefaults": False,
+        # The imported images can never be pulled again: never collect them, never evict for disk.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "1Mi"},
+        "resolvConf": "/etc/resolv.conf",
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        "nodeStatusReportFrequency": "10s",
+    }
+
+
+def containerd_config(sandbox_image: str) -> str:
+    return f"""version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  # No CAP_SYS_RESOURCE in this sandbox: a pod may not ask for a lower OOM score than containerd's.
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  # The host is itself a container on a cgroup v1 hybrid hierarchy, which runc cannot lay out for a pod's
+  # containers; containers then share the host's cgroups (no per-pod limits on these nodes).
+  disable_cgroup = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    # The host's root is itself an overlay; the native snapshotter works on anything.
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+"""
+
+
+def cni_config(container: str, subnet: str) -> dict[str, Any]:
+    """A bridge of the node's own with no gateway, route or masquerade: pods reach each other on the node
+    and nothing else (the hosts share the machine's network namespace, so the bridge lives there)."""
+    bridge = "gf" + hashlib.sha256(container.encode()).hexdigest()[:12]
+    return {
+        "cniVersion": "1.0.0",
+        "name": "gpuforge-node",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": False,
+                "ipMasq": False,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]]},
+            },
+            {"type": "loopback"},
+        ],
+    }
+
+
+def machine_address() -> str:
+    """The machine's own non-loopback IPv4 address: a kubelet may not report a loopback node IP. Choosing
+    it sends nothing (a UDP connect only asks the kernel for the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = str(probe.getsockname()[0])
+        except OSError as error:
+            raise RealNodeError(
+                f"real nodes need a non-loopback IPv4 address on this machine: {error}"
+            ) from error
+    if address.startswith("127."):
+        raise RealNodeError("real nodes need a non-loopback IPv4 address on this machine")
+    return address
+
+
+KUBELET_UNIT = """[Unit]
+Description=kubelet of a gpuforge real node
+After=containerd.service
+Requires=containerd.service
+
+[Service]
+ExecStart=/usr/local/bin/kubelet --config=/etc/gpuforge-node/kubelet.yaml \\
+  --kubeconfig=/etc/gpuforge-node/kubelet.kubeconfig --hostname-override={name} --node-ip={address} \\
+  --node-labels={labels} --v=1
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def container_name(cluster: str, node: str) -> str:
+    return f"gpuforge-node-{cluster}-{node}"
+
+
+def start_nodes(
+    cluster: str,
+    state_dir: Path,
+    pki_dir: Path,
+    server: str,
+    nodes: list[RealNode],
+) -> None:
+    """Boot the hosts, import the images and start their kubelets (returns once every kubelet runs)."""
+    lab = _lab()
+    binaries = build_nodes()
+    image = node_image()
+    archives = program_images(binaries)
+    sandbox_image = program_image_ref(binaries, "pause")
+    address = machine_address()
+    for index, node in enumerate(nodes):
+        node_dir = state_dir / "nodes" / node.name
+        config_dir = node_dir / "config"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        identity = pki.node_identity(node.name)
+        pki.issue_client(pki_dir, identity)
+        files = {
+            "kubelet.kubeconfig": pki.kubeconfig(pki_dir, identity, server, "local"),
+            "kubelet.yaml": yaml.safe_dump(kubelet_config(node, address)),
+            "containerd.toml": containerd_config(sandbox_image),
+            "10-gpuforge.conflist": json.dumps(cni_config(node.container, f"10.244.{100 + index}.0/24")),
+            "kubelet.service": KUBELET_UNIT.format(
+                name=node.name, address=address, labels=f"{REAL_NODE_LABEL}=true"
+            ),
+        }
+        for file_name, content in files.items():
+            (config_dir / file_name).write_text(content)
+        hardware = node_dir / "hardware"
+        lab.write_hardware(lab.HostSpec(name=node.name, gpus=list(node.gpus)), hardware)
+        for directory in ("containerd", "kubelet"):
+            (node_dir / directory).mkdir(exist_ok=True)
+        lab.run_systemd_host(
+            node.container,
+            node.name,
+            {CLUSTER_LABEL: cluster},
+            image,
+            hardware,
+            [
+                f"{config_dir}:/etc/gpuforge-node:ro",
+                f"{config_dir}/containerd.toml:/etc/containerd/config.toml:ro",
+                f"{config_dir}/10-gpuforge.conflist:/etc/cni/net.d/10-gpuforge.conflist:ro",
+                f"{config_dir}/kubelet.service:/etc/systemd/system/kubelet.service:ro",
+                f"{binaries.path('kubelet')}:/usr/local/bin/kubelet:ro",
+                f"{archives['pause'].parent}:/opt/gpuforge-images:ro",
+                f"{node_dir}/containerd:/var/lib/containerd",
+                f"{node_dir}/kubelet:/var/lib/kubelet",
+            ],
+            # A cgroup namespace of its own: runc inside lays out its containers' cgroup mounts from it.
+            podman_args=("--cgroupns", "private"),
+        )
+    for node in nodes:
+        _wait_for_containerd(node)
+        for archive in archives.values():
+            _exec(node, "ctr", "-n", "k8s.io", "images", "import", "--snapshotter", "native",
+                  f"/opt/gpuforge-images/{archive.name}")  # fmt: skip
+        _exec(node, "systemctl", "start", "kubelet.service")
+
+
+def _exec(node: RealNode, *command: str) -> str:
+    return _run(["podman", "exec", node.container, *command]).stdout
+
+
+def _wait_for_containerd(node: RealNode, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        probe = subprocess.run(
+            ["podman", "exec", node.container, "ctr", "version"], capture_output=True, check=False
+        )
+        if probe.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise RealNodeError(f"containerd of {node.name} did not start (podman logs {node.container})")
+
+
+def remove_nodes(cluster: str) -> list[str]:
+    """Remove every real node host of the cluster; idempotent. Returns the removed container names."""
+    names = subprocess.run(
+        ["podman", "ps", "--all", "--format", "{{.Names}}", "--filter", f"label={CLUSTER_LABEL}={cluster}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if names:
+        subprocess.run(["podman", "rm", "--force", "--time", "0", *names], capture_output=True, check=False)
+    return names
+
+
+def running_hosts(cluster: str) -> list[str]:
+    return subprocess.run(
+        ["podman", "ps", "--format", "{{.Names}}", "--filter", f"label={CLUSTER_LABEL}={cluster}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()

@@ -1,0 +1,89 @@
+"""A dev cluster mixing a real kubelet node (lab host, containerd 1.7) with a kwok node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuforge.devcluster import realnodes
+from gpuforge.devcluster.build import build_nodes
+from gpuforge.devcluster.cluster import DevCluster
+from gpuforge.devcluster.pools import GpuSpec, Pool
+
+pytestmark = [pytest.mark.realnode, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    dev_cluster = DevCluster("realnode-test", root=tmp_path_factory.mktemp("clusters"))
+    pools = [
+        Pool("real", 1, GpuSpec(product="NVIDIA L4", count=2), real=True),
+        Pool("sim", 1),
+    ]
+    try:
+        dev_cluster.up(pools=pools)
+        yield dev_cluster
+    finally:
+        dev_cluster.down()
+
+
+def _node(cluster: DevCluster, name: str) -> dict[str, object]:
+    return json.loads(cluster.kubectl("get", "node", name, "-o", "json").stdout)  # type: ignore[no-any-return]
+
+
+def test_real_and_kwok_nodes_are_ready_side_by_side(cluster: DevCluster) -> None:
+    real = _node(cluster, "real-0")
+    info = real["status"]["nodeInfo"]  # type: ignore[index]
+    assert info["kubeletVersion"] == "v1.36.5"
+    assert info["containerRuntimeVersion"].startswith("containerd://1.7.")
+    labels = real["metadata"]["labels"]  # type: ignore[index]
+    assert labels[realnodes.REAL_NODE_LABEL] == "true"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert realnodes.REAL_NODE_LABEL not in _node(cluster, "sim-0")["metadata"]["labels"]  # type: ignore[index]
+    assert cluster.real_node_names() == ["real-0"]
+
+
+def test_a_pod_really_runs_on_the_real_node(cluster: DevCluster) -> None:
+    image = realnodes.program_image_ref(build_nodes(), "gpu-workload")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "workload", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {realnodes.REAL_NODE_LABEL: "true"},
+            "containers": [
+                {
+                    "name": "workload",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
+                }
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    deadline = time.monotonic() + 90
+    phase = ""
+    while time.monotonic() < deadline and phase not in ("Succeeded", "Failed"):
+        time.sleep(0.5)
+        phase = cluster.kubectl("get", "pod", "workload", "-o", "jsonpath={.status.phase}").stdout
+    assert phase == "Succeeded", cluster.kubectl("describe", "pod", "workload").stdout
+    log = cluster.kubectl("logs", "workload").stdout
+    assert "env NVIDIA_VISIBLE_DEVICES=none" in log
+    assert log.rstrip().endswith("done")
+
+
+def test_down_removes_the_hosts(tmp_path: Path) -> None:
+    dev_cluster = DevCluster("realnode-down", root=tmp_path)
+    dev_cluster.up(pools=[Pool("real", 1, None, real=True)])
+    assert realnodes.running_hosts("realnode-down") == ["gpuforge-node-realnode-down-real-0"]
+    dev_cluster.down()
+    assert realnodes.running_hosts("realnode-down") == []
+    listed = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True)
+    assert "gpuforge-node-realnode-down-real-0" not in listed.stdout

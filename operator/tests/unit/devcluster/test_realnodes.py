@@ -1,0 +1,93 @@
+"""Pure parts of the real nodes: pools marked real, what a real node is told, and the node build's key."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpuforge.devcluster import build, realnodes
+from gpuforge.devcluster.pools import (
+    GpuSpec,
+    Pool,
+    PoolError,
+    Taint,
+    lab_gpu_models,
+    parse_pools,
+    real_node_patch,
+    render_nodes,
+)
+
+
+def test_a_real_pool_is_parsed_and_not_rendered_as_kwok_nodes() -> None:
+    pools = parse_pools({"pools": [{"name": "real", "count": 2, "real": True}, {"name": "sim", "count": 1}]})
+    assert [pool.real for pool in pools] == [True, False]
+    assert [node["metadata"]["name"] for node in render_nodes(pools, "v1.36.5")] == ["sim-0"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"name": "r", "real": "yes"}, "pools[0].real must be true or false"),
+        ({"name": "r", "real": True, "kubeletVersion": "v1.34.2"}, "pools[0].kubeletVersion cannot be set"),
+    ],
+)
+def test_bad_real_pools_are_refused(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(PoolError, match=re.escape(message)):
+        parse_pools({"pools": [raw]})
+
+
+@pytest.mark.parametrize(
+    ("gpu", "models"),
+    [
+        (None, ()),
+        (GpuSpec(product="NVIDIA L4", count=2), ("l4", "l4")),
+        (GpuSpec(product="NVIDIA L40S", count=1), ("l40s",)),
+        (GpuSpec(product="NVIDIA H100 80GB HBM3", count=1), ("h100",)),
+        (GpuSpec(product="Tesla T4", count=1), ("t4",)),
+        (GpuSpec(product="Something New", count=1), ("a100",)),
+    ],
+)
+def test_lab_hardware_follows_the_pool_gpus(gpu: GpuSpec | None, models: tuple[str, ...]) -> None:
+    assert lab_gpu_models(gpu) == models
+
+
+def test_real_node_patch_carries_discovery_labels_and_taints() -> None:
+    pool = Pool("real", 1, GpuSpec(product="NVIDIA L4", count=1), labels={"team": "a"}, real=True,
+                taints=(Taint("nvidia.com/gpu", "NoSchedule"),))  # fmt: skip
+    patch = real_node_patch(pool)
+    labels = patch["metadata"]["labels"]
+    assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert labels["team"] == "a"
+    assert patch["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+
+
+def test_kubelet_listens_on_its_own_ports() -> None:
+    node = realnodes.RealNode("real-0", "c", 20250, 20248, ())
+    config = realnodes.kubelet_config(node, "192.0.2.2")
+    assert (config["port"], config["healthzPort"], config["readOnlyPort"]) == (20250, 20248, 0)
+    assert config["address"] == "192.0.2.2"
+    assert config["failCgroupV1"] is False
+
+
+def test_containerd_honours_cdi_and_never_pulls_the_sandbox() -> None:
+    text = realnodes.containerd_config("localhost/gpuforge/pause:k")
+    assert 'sandbox_image = "localhost/gpuforge/pause:k"' in text
+    assert "enable_cdi = true" in text
+
+
+def test_cni_bridge_routes_nowhere() -> None:
+    config = realnodes.cni_config("gpuforge-node-a-real-0", "10.244.100.0/24")
+    bridge = config["plugins"][0]
+    assert (bridge["isGateway"], bridge["ipMasq"]) == (False, False)
+    assert len(bridge["bridge"]) <= 15  # a Linux interface name
+
+
+def test_node_programs_have_a_key_of_their_own() -> None:
+    versions = build.load_versions()
+    control_plane_files = list(build._recipe_files(nodes=False))
+    node_files = list(build._recipe_files(nodes=True))
+    assert not any(path.is_relative_to(build.GOMOD_DIR / build.NODE_GOMOD) for path in control_plane_files)
+    assert any(path.name == "main.go" and "pause" in str(path) for path in node_files)
+    assert build.node_build_key(versions).startswith(f"kubelet-{versions.kubernetes}_")
