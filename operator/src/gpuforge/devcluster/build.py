@@ -52,7 +52,7 @@ BETA_COMPONENTS = ("kube-controller-manager", "kube-scheduler")
 BINARIES = (*KUBERNETES_BINARIES, "etcd", "kwok", *(f"beta/{name}" for name in BETA_COMPONENTS))
 NODE_GOMOD = "node"
 # Static programs that run in the nodes' containers (scratch images), built with CGO_ENABLED=0.
-NODE_PROGRAMS = ("pause", "gpu-workload")
+NODE_PROGRAMS = ("pause", "gpu-workload", "gpu-device-plugin")
 NODE_BINARIES = ("kubelet", *NODE_PROGRAMS)
 
 

@@ -79,6 +79,83 @@ def test_a_pod_really_runs_on_the_real_node(cluster: DevCluster) -> None:
     assert log.rstrip().endswith("done")
 
 
+def _wait_phase(cluster: DevCluster, pod: str, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    phase = ""
+    while time.monotonic() < deadline and phase not in ("Succeeded", "Failed"):
+        time.sleep(0.5)
+        phase = cluster.kubectl("get", "pod", pod, "-o", "jsonpath={.status.phase}").stdout
+    return phase
+
+
+def test_pretend_gpus_reach_a_pod_through_the_device_plugin_and_cdi(cluster: DevCluster) -> None:
+    binaries = build_nodes()
+
+    def host_path(name: str, path: str) -> dict[str, object]:
+        return {"name": name, "hostPath": {"path": path}}
+
+    plugin = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "device-plugin", "namespace": "default"},
+        "spec": {
+            "nodeSelector": {realnodes.REAL_NODE_LABEL: "true"},
+            "containers": [
+                {
+                    "name": "plugin",
+                    "image": realnodes.program_image_ref(binaries, "gpu-device-plugin"),
+                    "imagePullPolicy": "Never",
+                    "volumeMounts": [
+                        {"name": "plugins", "mountPath": "/var/lib/kubelet/device-plugins"},
+                        {"name": "cdi", "mountPath": "/var/run/cdi"},
+                        {"name": "hardware", "mountPath": "/var/lib/gpuforge-sim", "readOnly": True},
+                    ],
+                }
+            ],
+            "volumes": [
+                host_path("plugins", "/var/lib/kubelet/device-plugins"),
+                host_path("cdi", "/var/run/cdi"),
+                host_path("hardware", "/var/lib/gpuforge-sim"),
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(plugin))
+    deadline = time.monotonic() + 90
+    allocatable = ""
+    while time.monotonic() < deadline and allocatable != "2":
+        time.sleep(0.5)
+        allocatable = cluster.kubectl(
+            "get", "node", "real-0", "-o", "jsonpath={.status.allocatable.nvidia\\.com/gpu}"
+        ).stdout
+    assert allocatable == "2", cluster.kubectl("logs", "device-plugin", check=False).stdout
+
+    workload = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-workload", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "workload",
+                    "image": realnodes.program_image_ref(binaries, "gpu-workload"),
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                }
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(workload))
+    phase = _wait_phase(cluster, "gpu-workload")
+    assert phase == "Succeeded", cluster.kubectl("describe", "pod", "gpu-workload").stdout
+    log = cluster.kubectl("logs", "gpu-workload").stdout
+    hardware = json.loads((cluster.state_dir / "nodes/real-0/hardware/gpus.json").read_text())
+    uuids = {gpu["uuid"] for gpu in hardware["gpus"]}
+    visible = [line.split("=", 1)[1] for line in log.splitlines() if line.startswith("env NVIDIA_VISIBLE_")]
+    assert len(visible) == 1 and visible[0] in uuids, log  # set by the CDI spec, not by the pod
+    assert "(NVIDIA L4)" in log
+
+
 def test_down_removes_the_hosts(tmp_path: Path) -> None:
     dev_cluster = DevCluster("realnode-down", root=tmp_path)
     dev_cluster.up(pools=[Pool("real", 1, None, real=True)])
