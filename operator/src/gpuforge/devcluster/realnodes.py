@@ -181,17 +181,21 @@ def containerd_config(sandbox_image: str) -> str:
 """
 
 
+def bridge_name(container: str) -> str:
+    """The node's CNI bridge: in the machine's network namespace, so named after the host container."""
+    return "gf" + hashlib.sha256(container.encode()).hexdigest()[:12]
+
+
 def cni_config(container: str, subnet: str) -> dict[str, Any]:
     """A bridge of the node's own with no gateway, route or masquerade: pods reach each other on the node
     and nothing else (the hosts share the machine's network namespace, so the bridge lives there)."""
-    bridge = "gf" + hashlib.sha256(container.encode()).hexdigest()[:12]
     return {
         "cniVersion": "1.0.0",
         "name": "gpuforge-node",
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": bridge,
+                "bridge": bridge_name(container),
                 "isGateway": False,
                 "ipMasq": False,
                 "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]]},
@@ -326,6 +330,9 @@ def remove_nodes(cluster: str) -> list[str]:
     ).stdout.split()
     if names:
         subprocess.run(["podman", "rm", "--force", "--time", "0", *names], capture_output=True, check=False)
+    for name in names:
+        # The bridge outlives the host: it lives in the machine's network namespace.
+        subprocess.run(["ip", "link", "delete", bridge_name(name)], capture_output=True, check=False)
     return names
 
 

@@ -162,5 +162,7 @@ def test_down_removes_the_hosts(tmp_path: Path) -> None:
     assert realnodes.running_hosts("realnode-down") == ["gpuforge-node-realnode-down-real-0"]
     dev_cluster.down()
     assert realnodes.running_hosts("realnode-down") == []
+    bridge = realnodes.bridge_name("gpuforge-node-realnode-down-real-0")
+    assert subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode != 0
     listed = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True)
     assert "gpuforge-node-realnode-down-real-0" not in listed.stdout
