@@ -30,6 +30,35 @@ options:
 requirements: [kubernetes]
 """
 
+EXAMPLES = r"""
+- name: Evict the GPU pods of gpu-1 before its driver is upgraded
+  gpuforge.nodes.gpu_pod_eviction:
+    node: gpu-1
+  delegate_to: localhost
+
+- name: Evict through another kubeconfig and context, giving PodDisruptionBudgets ten minutes
+  gpuforge.nodes.gpu_pod_eviction:
+    node: "{{ inventory_hostname }}"
+    kubeconfig: /etc/gpuforge/admin.kubeconfig
+    context: production
+    timeout: 600
+    poll: 5
+  delegate_to: localhost
+  register: eviction
+
+- name: Evict only pods of whole GPUs, leaving MIG slices running
+  gpuforge.nodes.gpu_pod_eviction:
+    node: gpu-2
+    resource_prefixes: [nvidia.com/gpu]
+  delegate_to: localhost
+
+- name: List the pods that would be evicted, without evicting
+  gpuforge.nodes.gpu_pod_eviction:
+    node: gpu-3
+  check_mode: true
+  delegate_to: localhost
+"""
+
 RETURN = r"""
 evicted: {description: Pods evicted (namespace/name)., type: list, returned: always}
 blocked:
