@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 import yaml
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -27,13 +28,27 @@ def quota() -> None:
     """Inspect GpuQuota trees."""
 
 
-def _bar(used: Decimal, hard: Decimal) -> Text:
+def _bar(used: Decimal, hard: Decimal, width: int = BAR_WIDTH) -> Text:
     fraction = float(used / hard) if hard else (1.0 if used else 0.0)
-    filled = min(BAR_WIDTH, round(fraction * BAR_WIDTH))
+    filled = min(width, round(fraction * width))
     style = "red" if fraction >= 1 else "yellow" if fraction >= 0.8 else "green"
     bar = Text("█" * filled, style=style)
-    bar.append("░" * (BAR_WIDTH - filled), style="dim")
+    bar.append("░" * (width - filled), style="dim")
     return bar
+
+
+class _UsageBar:
+    """A usage bar of up to BAR_WIDTH cells that shrinks to 4 when the terminal is narrow."""
+
+    def __init__(self, used: Decimal, hard: Decimal) -> None:
+        self.used = used
+        self.hard = hard
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(4, BAR_WIDTH)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield _bar(self.used, self.hard, max(1, min(BAR_WIDTH, options.max_width)))
 
 
 def _load(kubeconfig: Path | None) -> list[GpuQuota]:
@@ -63,6 +78,13 @@ def _key_rows(item: GpuQuota) -> list[tuple[str, Decimal, Decimal, Decimal]]:
     ]
 
 
+def _add_key_column(table: Table, header: str, rows: list[tuple[str, Decimal, Decimal, Decimal]]) -> None:
+    """A key column as wide as its longest key: keys often differ only at the end
+    (`requests.nvidia.com/gpu.A100` and `...gpu.H100`), so the usage bar and figures give way instead."""
+    width = max((len(key) for key, *_ in rows), default=len(header))
+    table.add_column(header, min_width=max(width, len(header)), no_wrap=True, overflow="fold")
+
+
 def render_tree(quotas: list[GpuQuota]) -> Tree:
     by_parent: dict[str, list[GpuQuota]] = {}
     names = {item.name for item in quotas}
@@ -72,12 +94,17 @@ def render_tree(quotas: list[GpuQuota]) -> Tree:
     root = Tree("[bold]GpuQuotas[/bold]")
 
     def add(node: Tree, item: GpuQuota) -> None:
+        rows = _key_rows(item)
         table = Table.grid(padding=(0, 1))
-        for key, used, self_used, hard in _key_rows(item):
+        _add_key_column(table, "", rows)
+        table.add_column()  # the usage bar: the column that gives way
+        table.add_column(no_wrap=True)
+        table.add_column(no_wrap=True)
+        for key, used, self_used, hard in rows:
             unit = " h" if is_cash_key(key) else ""
             table.add_row(
                 Text(key, style="cyan"),
-                _bar(used, hard),
+                _UsageBar(used, hard),
                 f"{format_quantity(used)}/{format_quantity(hard)}{unit}",
                 Text(f"own {format_quantity(self_used)}", style="dim"),
             )
@@ -96,16 +123,21 @@ def render_tree(quotas: list[GpuQuota]) -> Tree:
 
 
 def render_table(quotas: list[GpuQuota]) -> Table:
+    rows = {item.name: _key_rows(item) for item in quotas}
     table = Table(title="GpuQuotas")
-    for column in ("Quota", "Parent", "Key", "Usage", "Used", "Own", "Hard"):
-        table.add_column(column)
+    table.add_column("Quota", overflow="fold")
+    table.add_column("Parent", overflow="fold")
+    _add_key_column(table, "Key", [row for item_rows in rows.values() for row in item_rows])
+    table.add_column("Usage")  # the usage bar: gives way first
+    for column in ("Used", "Own", "Hard"):
+        table.add_column(column, no_wrap=True)
     for item in sorted(quotas, key=lambda q: (q.parent, q.name)):
-        for key, used, self_used, hard in _key_rows(item):
+        for key, used, self_used, hard in rows[item.name]:
             table.add_row(
                 item.name,
                 item.parent or "-",
                 key,
-                _bar(used, hard),
+                _UsageBar(used, hard),
                 format_quantity(used),
                 format_quantity(self_used),
                 format_quantity(hard),
