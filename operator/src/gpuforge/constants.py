@@ -79,6 +79,8 @@ NFD_PCI_NVIDIA_LABELS: Final = (
     "feature.node.kubernetes.io/pci-0300_10de.present",  # default [class, vendor]: VGA controller
     "nvidia.com/gpu.present",
 )
+# Jetson and IGX (Tegra) GPUs sit on no PCI bus; NVIDIA's charts select them by CPU vendor instead.
+NFD_TEGRA_LABEL: Final = ("feature.node.kubernetes.io/cpu-model.vendor_id", "NVIDIA")
 GFD_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 GFD_COUNT_LABEL: Final = "nvidia.com/gpu.count"
 GFD_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuforge.api.convert import from_dict, to_dict
-from gpuforge.constants import NFD_PCI_NVIDIA_LABELS
+from gpuforge.constants import NFD_PCI_NVIDIA_LABELS, NFD_TEGRA_LABEL
 
 KIND = "GpuStack"
 PLURAL = "gpustacks"
@@ -105,10 +105,14 @@ class NodeSelector:
 
 
 def _nfd_nvidia_selector() -> NodeSelector:
+    tegra_label, tegra_vendor = NFD_TEGRA_LABEL
     return NodeSelector(
-        tuple(
-            NodeSelectorTerm((NodeSelectorRequirement(label, SelectorOperator.IN, ("true",)),))
-            for label in NFD_PCI_NVIDIA_LABELS
+        (
+            *(
+                NodeSelectorTerm((NodeSelectorRequirement(label, SelectorOperator.IN, ("true",)),))
+                for label in NFD_PCI_NVIDIA_LABELS
+            ),
+            NodeSelectorTerm((NodeSelectorRequirement(tegra_label, SelectorOperator.IN, (tegra_vendor,)),)),
         )
     )
 

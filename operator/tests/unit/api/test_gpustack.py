@@ -8,12 +8,14 @@ import pytest
 
 from gpuforge.api import gpustack as m
 from gpuforge.api.convert import ModelError, from_dict, to_dict
-from gpuforge.constants import NFD_PCI_NVIDIA_LABELS
+from gpuforge.constants import NFD_PCI_NVIDIA_LABELS, NFD_TEGRA_LABEL
 
 
 def test_default_selector_matches_every_nfd_label_variant() -> None:
     terms = m.GpuStackSpec().node_selector.node_selector_terms
-    assert [t.match_expressions[0].key for t in terms] == list(NFD_PCI_NVIDIA_LABELS)
+    assert [t.match_expressions[0].key for t in terms] == [*NFD_PCI_NVIDIA_LABELS, NFD_TEGRA_LABEL[0]]
+    # Tegra (Jetson, IGX) GPUs are on no PCI bus: selected by CPU vendor, as NVIDIA's charts do
+    assert terms[-1].match_expressions[0].values == ("NVIDIA",)
 
 
 @pytest.mark.parametrize(

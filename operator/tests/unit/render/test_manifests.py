@@ -116,9 +116,18 @@ def test_device_classes_in_the_chosen_version(case: str, api_version: str, exten
 
 
 def test_admission_policy_only_where_the_release_ships_one() -> None:
-    kinds = lambda case: {o["kind"] for o in _render(case)}  # noqa: E731
-    assert "ValidatingAdmissionPolicy" in kinds("dra-v1")
-    assert "ValidatingAdmissionPolicy" not in kinds("dra-v1beta1-old-release")
+    from dataclasses import replace
+
+    facts = compat.load()
+    releases = tuple(replace(r, admission_policy=False) for r in facts.dra_releases)
+    without = replace(facts, dra_releases=releases)
+    stack = GpuStack("a100", GpuStackSpec(mode=DRA))
+
+    def kinds(data: compat.Compat) -> set[str]:
+        return {o["kind"] for o in render(RenderInput(stack, frozenset({DRA}), "v1", data))}
+
+    assert "ValidatingAdmissionPolicy" in kinds(facts)
+    assert "ValidatingAdmissionPolicy" not in kinds(without)
 
 
 def test_no_device_classes_without_a_served_api() -> None:
