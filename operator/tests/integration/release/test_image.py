@@ -242,6 +242,10 @@ def _serving_certificates(directory: Path) -> bytes:
     return ca.cert_pem
 
 
+# A namespace examples/quota-tree.yaml lets charge research-vision (its example Deployment lives there).
+TEAM_NAMESPACE = "default"
+
+
 def test_webhook_in_the_image_enforces_the_quota_tree(
     dev_cluster: Any, image: str, tmp_path: Path, namespace: str
 ) -> None:
@@ -292,12 +296,18 @@ def test_webhook_in_the_image_enforces_the_quota_tree(
             )
             within = gpu_deployment("within", "research-vision", gpus=2, replicas=1, requests={"cpu": "100m"})
             beyond = gpu_deployment("beyond", "research-vision", gpus=8, replicas=2, requests={"cpu": "100m"})
-            admitted = cluster.kubectl(
+            # The tree's research quotas admit namespaces default and ml only; the test's own namespace
+            # may charge none of them.
+            stray = cluster.kubectl(
                 "apply", "-n", namespace, "-f", "-", input=json.dumps(within), check=False
+            )
+            assert stray.returncode != 0 and "may not charge" in stray.stderr, stray.stderr
+            admitted = cluster.kubectl(
+                "apply", "-n", TEAM_NAMESPACE, "-f", "-", input=json.dumps(within), check=False
             )
             assert admitted.returncode == 0, admitted.stderr
             refused = cluster.kubectl(
-                "apply", "-n", namespace, "-f", "-", input=json.dumps(beyond), check=False
+                "apply", "-n", TEAM_NAMESPACE, "-f", "-", input=json.dumps(beyond), check=False
             )
             assert refused.returncode != 0
             assert "research-vision" in refused.stderr and "denied" in refused.stderr, refused.stderr
@@ -309,6 +319,10 @@ def test_webhook_in_the_image_enforces_the_quota_tree(
                     configuration["metadata"]["name"],
                     "--ignore-not-found",
                 )
+            cluster.kubectl(
+                "delete", "deployment", "-n", TEAM_NAMESPACE, "within", "trainer", "--ignore-not-found",
+                check=False,
+            )  # fmt: skip
             cluster.kubectl(
                 "delete", "gpuquota", *quota_names, "--ignore-not-found", "--wait=false", check=False
             )
