@@ -19,6 +19,7 @@ DEVICE_PLUGIN = "device-plugin"
 DRA_KUBELET_PLUGIN = "dra-kubelet-plugin"
 DRA_CONTROLLER = "dra-controller"
 COMPONENTS = (DEVICE_PLUGIN, DRA_KUBELET_PLUGIN, DRA_CONTROLLER)
+DRIVER_ROOT_MOUNT = "/driver-root"
 
 
 class UnsupportedRelease(ValueError):
@@ -52,6 +53,9 @@ class OperandRelease:
     startup_probe: Probe | None = None
     liveness_probe: Probe | None = None
     config_versions: tuple[str, ...] = field(default=())
+    # dlopens libnvidia-ml from the host's driver root mounted at DRIVER_ROOT_MOUNT, not from what a
+    # container runtime injects
+    nvml_from_driver_root: bool = False
 
     @property
     def required_env(self) -> tuple[str, ...]:
@@ -144,6 +148,7 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             errors=errors,
             startup_probe=_probe(probes["startup"]) if has_health else None,
             liveness_probe=_probe(probes["liveness"]) if has_health else None,
+            nvml_from_driver_root=bool(plugin.get("nvmlFromDriverRoot", False)),
         )
         releases[(DRA_CONTROLLER, version)] = OperandRelease(
             component=DRA_CONTROLLER,

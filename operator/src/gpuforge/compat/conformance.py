@@ -1,0 +1,113 @@
+"""Would NVIDIA's release start from this pod on this node? A pure judge over the operand contract
+(operands.yaml): it answers with the text the release itself prints when it gives up, so the simulated node
+agent can fail a plugin pod where the real binary would. No I/O: the caller passes the pod, the node's
+runtime facts and the device-plugin config file the pod mounts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuforge.compat.operands import DRIVER_ROOT_MOUNT, OperandRelease
+
+MIG_STRATEGY_NONE = "none"
+
+
+@dataclass(frozen=True)
+class NodeRuntime:
+    """What the node gives a container beyond its pod spec."""
+
+    # containerd's default runtime is nvidia-container-runtime (GPU Operator's toolkit sets this up),
+    # so a pod without a RuntimeClass still gets libnvidia-ml injected.
+    nvidia_default_runtime: bool = False
+    mig_enabled: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    message: str = ""
+
+
+OK = Verdict(ok=True)
+
+
+def _env_names(container: Mapping[str, Any]) -> set[str]:
+    # A value or a valueFrom both set the variable for urfave/cli's EnvVars lookup.
+    return {str(entry["name"]) for entry in container.get("env") or [] if "name" in entry}
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> str | None:
+    for entry in container.get("env") or []:
+        if entry.get("name") == name and "value" in entry:
+            return str(entry["value"])
+    return None
+
+
+def _adds_sys_admin(container: Mapping[str, Any]) -> bool:
+    security = container.get("securityContext") or {}
+    if security.get("privileged"):
+        return True
+    added = (security.get("capabilities") or {}).get("add") or []
+    return any(str(cap).upper().removeprefix("CAP_") == "SYS_ADMIN" for cap in added)
+
+
+def _mounts_host_path_at(spec: Mapping[str, Any], container: Mapping[str, Any], path: str) -> bool:
+    host_volumes = {v.get("name") for v in spec.get("volumes") or [] if "hostPath" in v}
+    return any(
+        m.get("mountPath") == path and m.get("name") in host_volumes
+        for m in container.get("volumeMounts") or []
+    )
+
+
+def _reaches_nvml(
+    spec: Mapping[str, Any], container: Mapping[str, Any], release: OperandRelease, node: NodeRuntime
+) -> bool:
+    if release.nvml_from_driver_root:
+        return _mounts_host_path_at(spec, container, DRIVER_ROOT_MOUNT)
+    # Injected by the nvidia runtime: asked for through a RuntimeClass, or containerd's default.
+    return bool(spec.get("runtimeClassName")) or node.nvidia_default_runtime
+
+
+def _mig_strategy(container: Mapping[str, Any], config: Mapping[str, Any] | None) -> str:
+    # The plugin's flags: the environment overrides the config file, which overrides the default.
+    from_env = _env_value(container, "MIG_STRATEGY")
+    if from_env is not None:
+        return from_env
+    flags = (config or {}).get("flags") or {}
+    return str(flags.get("migStrategy") or MIG_STRATEGY_NONE)
+
+
+def _time_slicing_replicas(config: Mapping[str, Any] | None) -> list[int]:
+    sharing = (config or {}).get("sharing") or {}
+    time_slicing = sharing.get("timeSlicing") or {}
+    return [int(r.get("replicas", 0)) for r in time_slicing.get("resources") or []]
+
+
+def judge(
+    pod: Mapping[str, Any],
+    release: OperandRelease,
+    node: NodeRuntime,
+    config: Mapping[str, Any] | None,
+) -> Verdict:
+    """The first reason the release would exit on start, in the order the binary checks them (flag
+    parsing, config file, NVML init, MIG setup), or OK."""
+    spec = pod.get("spec") or {}
+    containers: list[Mapping[str, Any]] = list(spec.get("containers") or [])
+    for container in containers:
+        present = _env_names(container)
+        for flag in release.required_flags:
+            if release.flag_env[flag] not in present:
+                return Verdict(False, release.error("missing_flag", flag=flag))
+    minimum = release.min_time_slicing_replicas
+    if minimum is not None and any(r < minimum for r in _time_slicing_replicas(config)):
+        return Verdict(False, release.error("config_rejected", value=release.error("replicas_too_few")))
+    if release.needs_nvml and not all(_reaches_nvml(spec, c, release, node) for c in containers):
+        return Verdict(False, release.error("nvml_unavailable"))
+    if release.mig_needs_sys_admin and node.mig_enabled:
+        for container in containers:
+            if _mig_strategy(container, config) != MIG_STRATEGY_NONE and not _adds_sys_admin(container):
+                return Verdict(False, release.error("mig_permission"))
+    return OK
