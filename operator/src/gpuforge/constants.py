@@ -88,6 +88,11 @@ GFD_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB
 # --- Simulation only (the local control plane); never read by the operator -------------------------
 # Pool a simulated node belongs to.
 SIM_POOL_LABEL: Final = f"sim.{GROUP}/pool"
+# "true" on a node whose containerd runs nvidia-container-runtime by default; absent: runc (as gpuforge's
+# toolkit role and the GPU Operator in CDI mode leave it).
+SIM_NVIDIA_DEFAULT_RUNTIME_LABEL: Final = f"sim.{GROUP}/nvidia-default-runtime"
+# "true" on a node whose GPUs are in MIG mode.
+SIM_MIG_ENABLED_LABEL: Final = f"sim.{GROUP}/mig-enabled"
 # On a plugin pod (or its pod template): "never-ready" keeps it unready, "crash" makes it crash-loop.
 SIM_FAIL_ANNOTATION: Final = f"sim.{GROUP}/fail"
 # An image tag ending in one of these has the same effect, so a "bad version" can be rolled out.

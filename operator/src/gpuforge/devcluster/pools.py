@@ -17,7 +17,11 @@ from typing import Any
 
 import yaml
 
-from gpuforge.constants import SIM_POOL_LABEL
+from gpuforge.constants import (
+    SIM_MIG_ENABLED_LABEL,
+    SIM_NVIDIA_DEFAULT_RUNTIME_LABEL,
+    SIM_POOL_LABEL,
+)
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # The simulated hardware of a node, JSON of GpuSpec; read by gpuforge.sim.
@@ -78,6 +82,9 @@ class Pool:
     pods: str = "110"
     # A real kubelet node (a lab host with containerd) instead of a kwok one; always the cluster's release.
     real: bool = False
+    # What the plugins find on the node beyond their pod spec (read by the simulated agent's judge).
+    nvidia_default_runtime: bool = False
+    mig_enabled: bool = False
 
     def node_names(self) -> list[str]:
         return [f"{self.name}-{index}" for index in range(self.count)]
@@ -143,6 +150,12 @@ def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
             Taint(key=t["key"], effect=t["effect"], value=str(t.get("value", "")))
             for t in raw.get("taints", [])
         )
+        runtime_facts = {}
+        for key in ("nvidiaDefaultRuntime", "migEnabled"):
+            value = raw.get(key, False)
+            if not isinstance(value, bool):
+                raise PoolError(f"{where}.{key} must be true or false, got {value!r}")
+            runtime_facts[key] = value
         pools.append(
             Pool(
                 name=name,
@@ -155,6 +168,8 @@ def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
                 memory=str(raw.get("memory", "512Gi")),
                 pods=str(raw.get("pods", "110")),
                 real=real,
+                nvidia_default_runtime=runtime_facts["nvidiaDefaultRuntime"],
+                mig_enabled=runtime_facts["migEnabled"],
             )
         )
     names = [pool.name for pool in pools]
@@ -224,6 +239,10 @@ def render_node(pool: Pool, name: str, default_kubelet_version: str) -> dict[str
     if pool.gpu is not None:
         labels.update(gpu_labels(pool.gpu))
         annotations[SIM_GPUS_ANNOTATION] = pool.gpu.to_json()
+    if pool.nvidia_default_runtime:
+        labels[SIM_NVIDIA_DEFAULT_RUNTIME_LABEL] = "true"
+    if pool.mig_enabled:
+        labels[SIM_MIG_ENABLED_LABEL] = "true"
     labels.update(pool.labels)
     resources = {"cpu": pool.cpu, "memory": pool.memory, "pods": pool.pods}
     return {

@@ -9,6 +9,10 @@ tested against a real API server:
   driver gpu.nvidia.com, in the newest resource.k8s.io version the server serves, with the attributes and
   capacity NVIDIA's driver publishes; when the pod goes, the slice goes.
 The node's GPUs come from its `sim.gpuforge.io/gpus` annotation (written by the pool definition).
+Plugin pods are started here, not by kwok: each is judged against the operand contract of its release
+(gpuforge.compat.conformance) with the node's runtime facts (labels sim.gpuforge.io/nvidia-default-runtime,
+sim.gpuforge.io/mig-enabled) and the device-plugin config it mounts. A pod the release would not start on
+is never Ready and never advertises: it crash-loops with the release's own error, its restartCount growing.
 Every moment a node advertises through both stacks at once is appended to `violations.jsonl`, so tests can
 assert that it never happens.
 """
@@ -22,18 +26,27 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import yaml
 from kubernetes import client, config, watch
 
+from gpuforge.compat.conformance import NodeRuntime, Verdict, judge
+from gpuforge.compat.operands import OperandRelease, UnsupportedRelease, load_operands
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
     COMPONENT_DRA_KUBELET_PLUGIN,
     COMPONENT_LABEL,
     DRA_DRIVER_GPU,
     GPU_RESOURCE,
+    SIM_FAIL_ANNOTATION,
+    SIM_FAIL_TAG_SUFFIXES,
+    SIM_MIG_ENABLED_LABEL,
+    SIM_NVIDIA_DEFAULT_RUNTIME_LABEL,
 )
 from gpuforge.devcluster.pools import SIM_GPUS_ANNOTATION, GpuSpec
 
@@ -41,6 +54,9 @@ log = logging.getLogger("gpuforge.sim.agent")
 RESOURCE_GROUP = "resource.k8s.io"
 SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
 MANAGED_BY = "gpuforge-sim-agent"
+VERSION_LABEL = "app.kubernetes.io/version"
+# How often a crash-looping plugin "restarts" (kubelet's back-off reaches minutes; tests need to see it grow).
+CRASH_RESTART_SECONDS = 10.0
 
 
 def _semver(text: str) -> str:
@@ -102,6 +118,155 @@ def render_slice(node: dict[str, Any], gpu: GpuSpec, version: str) -> dict[str, 
     }
 
 
+# --- plugin pod start ---------------------------------------------------------------------------
+def node_runtime(node: Mapping[str, Any]) -> NodeRuntime:
+    labels = node["metadata"].get("labels") or {}
+    return NodeRuntime(
+        nvidia_default_runtime=labels.get(SIM_NVIDIA_DEFAULT_RUNTIME_LABEL) == "true",
+        mig_enabled=labels.get(SIM_MIG_ENABLED_LABEL) == "true",
+    )
+
+
+def release_of(pod: Mapping[str, Any]) -> OperandRelease | None:
+    """The contract entry of the release the pod runs (version label, else the first image tag); None
+    for an image the contract does not know, whose needs nobody can tell."""
+    component = pod["metadata"].get("labels", {}).get(COMPONENT_LABEL, "")
+    version = pod["metadata"].get("labels", {}).get(VERSION_LABEL)
+    if version is None:
+        images = [c.get("image", "") for c in (pod.get("spec") or {}).get("containers") or []]
+        version = images[0].rpartition(":")[2] if images and ":" in images[0] else ""
+    try:
+        return load_operands().release(component, version)
+    except UnsupportedRelease:
+        return None
+
+
+def left_to_kwok(pod: Mapping[str, Any]) -> bool:
+    """Failure injection (annotation or image tag) is played by kwok's stages."""
+    if SIM_FAIL_ANNOTATION in (pod["metadata"].get("annotations") or {}):
+        return True
+    images = [c.get("image", "") for c in (pod.get("spec") or {}).get("containers") or []]
+    return any(image.endswith(suffix) for image in images for suffix in SIM_FAIL_TAG_SUFFIXES)
+
+
+def config_file(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(ConfigMap name, key) of the device-plugin config file the pod's CONFIG_FILE names, if mounted."""
+    spec = pod.get("spec") or {}
+    maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes") or [] if "configMap" in v}
+    for container in spec.get("containers") or []:
+        path = next(
+            (e.get("value") for e in container.get("env") or [] if e.get("name") == "CONFIG_FILE"), None
+        )
+        if not path:
+            continue
+        for mount in container.get("volumeMounts") or []:
+            if mount.get("name") in maps and PurePosixPath(path).parent == PurePosixPath(mount["mountPath"]):
+                return maps[mount["name"]], PurePosixPath(path).name
+    return None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _conditions(ready: bool, now: str, message: str = "") -> list[dict[str, Any]]:
+    readiness = {"status": "True"} if ready else {"status": "False", "reason": "ContainersNotReady"}
+    return [
+        {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+        {
+            "type": "Ready",
+            "lastTransitionTime": now,
+            **readiness,
+            **({"message": message} if message else {}),
+        },
+        {"type": "ContainersReady", "lastTransitionTime": now, **readiness},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+    ]
+
+
+def _init_statuses(pod: Mapping[str, Any], now: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "ready": True,
+            "restartCount": 0,
+            "state": {
+                "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}
+            },
+        }
+        for c in (pod.get("spec") or {}).get("initContainers") or []
+    ]
+
+
+def running_status(pod: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """What kubelet reports for a plugin that started (as kwok's pod-ready stage writes for other pods)."""
+    containers = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": now}},
+        }
+        for c in (pod.get("spec") or {}).get("containers") or []
+    ]
+    return {
+        "phase": "Running",
+        "startTime": now,
+        "conditions": _conditions(True, now),
+        "containerStatuses": containers,
+        "initContainerStatuses": _init_statuses(pod, now),
+    }
+
+
+def crash_status(pod: Mapping[str, Any], verdict: Verdict, restarts: int, now: str) -> dict[str, Any]:
+    """What kubelet reports for a plugin whose binary exits on start: back-off, the last exit's message."""
+    containers = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "ready": False,
+            "started": False,
+            "restartCount": restarts,
+            "lastState": {
+                "terminated": {
+                    "exitCode": 1,
+                    "reason": "Error",
+                    "message": verdict.message,
+                    "startedAt": now,
+                    "finishedAt": now,
+                }
+            },
+            "state": {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off restarting failed container {c['name']}",
+                }
+            },
+        }
+        for c in (pod.get("spec") or {}).get("containers") or []
+    ]
+    return {
+        "phase": "Running",
+        "startTime": now,
+        "conditions": _conditions(False, now, verdict.message),
+        "containerStatuses": containers,
+        "initContainerStatuses": _init_statuses(pod, now),
+    }
+
+
+def _pending_start(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return (
+        not pod["metadata"].get("deletionTimestamp")
+        and bool((pod.get("spec") or {}).get("nodeName"))
+        and status.get("phase", "Pending") == "Pending"
+        and not left_to_kwok(pod)
+    )
+
+
 class WorkQueue:
     """Like client-go's workqueue: a node is never reconciled by two workers at once, and a node marked
     again while being reconciled is reconciled once more afterwards (so the newest state always wins)."""
@@ -148,6 +313,8 @@ class NodeView:
     dra_pods: set[str] = field(default_factory=set)
     advertising_device_plugin: bool = False
     advertising_dra: bool = False
+    # plugin pods bound here that nobody has started yet, by uid
+    pending_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _pod_ready(pod: dict[str, Any]) -> bool:
@@ -167,6 +334,9 @@ class Agent:
         self.state_dir = state_dir
         self.nodes: dict[str, NodeView] = {}
         self.pod_nodes: dict[str, tuple[str, str]] = {}  # pod uid -> (node, component)
+        self.pending_nodes: dict[str, str] = {}  # pod uid -> node, of plugin pods not started yet
+        # crash-looping plugin pods: uid -> (namespace, name, verdict, restarts)
+        self.crashing: dict[str, tuple[str, str, Verdict, int]] = {}
         self.lock = threading.Lock()
         self.work = WorkQueue()
         self.slice_version = self._discover_slice_version()
@@ -233,7 +403,9 @@ class Agent:
                     for view in self.nodes.values():
                         view.device_plugin_pods.clear()
                         view.dra_pods.clear()
+                        view.pending_pods.clear()
                     self.pod_nodes.clear()
+                    self.pending_nodes.clear()
                 for item in listing.items:
                     self._on_pod(self._serialize(item), deleted=False)
                 for name in list(self.nodes):
@@ -258,6 +430,15 @@ class Agent:
         ready = not deleted and _pod_ready(pod)
         touched = set()
         with self.lock:
+            if deleted:
+                self.crashing.pop(uid, None)
+            pending_on = self.pending_nodes.pop(uid, None)
+            if pending_on is not None:
+                self.nodes.setdefault(pending_on, NodeView()).pending_pods.pop(uid, None)
+            if not deleted and node_name and _pending_start(pod):
+                self.nodes.setdefault(node_name, NodeView()).pending_pods[uid] = pod
+                self.pending_nodes[uid] = node_name
+                touched.add(node_name)
             previous = self.pod_nodes.pop(uid, None)
             if previous:
                 old_node, old_component = previous
@@ -293,8 +474,11 @@ class Agent:
             if view is None or view.obj is None:
                 return
             node = view.obj
+            pending = list(view.pending_pods.values())
             want_dp = bool(view.device_plugin_pods)
             want_dra = bool(view.dra_pods)
+        for pod in pending:
+            self._start(pod, node)
         raw_gpus = node["metadata"].get("annotations", {}).get(SIM_GPUS_ANNOTATION)
         if raw_gpus is None:
             return  # not a GPU node: plugins find nothing to advertise
@@ -309,6 +493,73 @@ class Agent:
         with self.lock:
             view.advertising_device_plugin = want_dp
             view.advertising_dra = want_dra
+
+    # --- plugin pods ---------------------------------------------------------------------------
+    def _device_plugin_config(self, pod: dict[str, Any]) -> Mapping[str, Any] | None:
+        where = config_file(pod)
+        if where is None:
+            return None
+        try:
+            config_map = self.core.read_namespaced_config_map(where[0], pod["metadata"]["namespace"])
+        except client.ApiException as error:
+            if error.status == 404:
+                return None  # kubelet would not start the pod; nothing to judge yet
+            raise
+        text = (config_map.data or {}).get(where[1])
+        parsed = yaml.safe_load(text) if text else None
+        return parsed if isinstance(parsed, Mapping) else None
+
+    def _start(self, pod: dict[str, Any], node: dict[str, Any]) -> None:
+        """Start a plugin pod as its release would: Running and Ready, or crash-looping."""
+        meta = pod["metadata"]
+        release = release_of(pod)
+        verdict = (
+            Verdict(ok=True)
+            if release is None
+            else judge(pod, release, node_runtime(node), self._device_plugin_config(pod))
+        )
+        now = _now()
+        if verdict.ok:
+            body = running_status(pod, now)
+        else:
+            log.info("plugin pod %s/%s does not start: %s", meta["namespace"], meta["name"], verdict.message)
+            body = crash_status(pod, verdict, 1, now)
+        try:
+            self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": body})
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            return
+        with self.lock:
+            self.nodes[node["metadata"]["name"]].pending_pods.pop(meta["uid"], None)
+            self.pending_nodes.pop(meta["uid"], None)
+            if not verdict.ok:
+                self.crashing[meta["uid"]] = (meta["namespace"], meta["name"], verdict, 1)
+
+    def restart_crashing(self) -> None:
+        """Kubelet restarts a crashed container with back-off; each restart exits the same way."""
+        while True:
+            time.sleep(CRASH_RESTART_SECONDS)
+            with self.lock:
+                crashing = list(self.crashing.items())
+            for uid, (namespace, name, verdict, restarts) in crashing:
+                try:
+                    pod = self._serialize(self.core.read_namespaced_pod(name, namespace))
+                    if pod["metadata"]["uid"] != uid or pod["metadata"].get("deletionTimestamp"):
+                        raise LookupError(name)
+                    body = {"status": crash_status(pod, verdict, restarts + 1, _now())}
+                    body["status"].pop("startTime")
+                    self.core.patch_namespaced_pod_status(name, namespace, body)
+                except (LookupError, client.ApiException) as error:
+                    if isinstance(error, client.ApiException) and error.status != 404:
+                        log.info("restarting %s/%s later: %s", namespace, name, error)
+                        continue
+                    with self.lock:
+                        self.crashing.pop(uid, None)
+                    continue
+                with self.lock:
+                    if uid in self.crashing:
+                        self.crashing[uid] = (namespace, name, verdict, restarts + 1)
 
     def _set_capacity(self, name: str, node: dict[str, Any], count: int) -> None:
         capacity = (node.get("status") or {}).get("capacity") or {}
@@ -368,6 +619,7 @@ class Agent:
         self._pod_synced.wait()
         for index in range(workers):
             threading.Thread(target=self.worker, daemon=True, name=f"worker-{index}").start()
+        threading.Thread(target=self.restart_crashing, daemon=True, name="crash-loops").start()
         (self.state_dir / "ready").write_text(f"slices via {self.slice_version}\n")
         log.info("agent ready; ResourceSlices via %s/%s", RESOURCE_GROUP, self.slice_version)
         threading.Event().wait()

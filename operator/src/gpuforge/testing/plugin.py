@@ -41,7 +41,8 @@ L4 = GpuSpec(
 )
 SESSION_POOLS: tuple[Pool, ...] = (
     Pool(name="h100", count=4, gpu=H100, kubelet_version="v1.34.2"),
-    Pool(name="a100", count=4, gpu=A100),
+    # nvidia as containerd's default runtime: plugin pods reach NVML without a RuntimeClass
+    Pool(name="a100", count=4, gpu=A100, nvidia_default_runtime=True),
     Pool(name="l4", count=2, gpu=L4, taints=(Taint(key="nvidia.com/gpu", effect="NoSchedule"),)),
     Pool(name="cpu", count=2, gpu=None),
 )

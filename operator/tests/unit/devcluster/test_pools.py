@@ -69,3 +69,25 @@ def test_nodes_carry_kubelet_version_and_simulation_annotation() -> None:
     assert GpuSpec.from_json(nodes[0]["metadata"]["annotations"]["sim.gpuforge.io/gpus"]) == GpuSpec()
     cpu = render_node(parse_pools({"pools": [{"name": "cpu", "gpu": None}]})[0], "cpu-0", "v1.36.0")
     assert "sim.gpuforge.io/gpus" not in cpu["metadata"]["annotations"]
+
+
+def test_runtime_facts_become_node_labels_and_default_to_a_runc_node_without_mig() -> None:
+    plain, nvidia = parse_pools(
+        {
+            "pools": [
+                {"name": "plain"},
+                {"name": "nvidia", "nvidiaDefaultRuntime": True, "migEnabled": True},
+            ]
+        }
+    )
+    plain_labels = render_node(plain, "plain-0", "v1.34.2")["metadata"]["labels"]
+    nvidia_labels = render_node(nvidia, "nvidia-0", "v1.34.2")["metadata"]["labels"]
+    assert "sim.gpuforge.io/nvidia-default-runtime" not in plain_labels
+    assert "sim.gpuforge.io/mig-enabled" not in plain_labels
+    assert nvidia_labels["sim.gpuforge.io/nvidia-default-runtime"] == "true"
+    assert nvidia_labels["sim.gpuforge.io/mig-enabled"] == "true"
+
+
+def test_a_runtime_fact_must_be_a_boolean() -> None:
+    with pytest.raises(PoolError, match=r"pools\[0\].nvidiaDefaultRuntime must be true or false"):
+        parse_pools({"pools": [{"name": "p", "nvidiaDefaultRuntime": "yes"}]})

@@ -1,0 +1,94 @@
+"""How the simulated agent starts plugin pods: which release, which config file, what status it writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuforge.compat.conformance import Verdict
+from gpuforge.sim.agent import (
+    config_file,
+    crash_status,
+    left_to_kwok,
+    node_runtime,
+    release_of,
+    running_status,
+)
+
+
+def _pod(labels: dict[str, str], image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.20.0") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": labels},
+        "spec": {
+            "nodeName": "n",
+            "initContainers": [{"name": "wait", "image": image}],
+            "containers": [
+                {
+                    "name": "plugin",
+                    "image": image,
+                    "env": [{"name": "CONFIG_FILE", "value": "/etc/dp/config.yaml"}],
+                    "volumeMounts": [{"name": "config", "mountPath": "/etc/dp"}],
+                }
+            ],
+            "volumes": [{"name": "config", "configMap": {"name": "dp-config"}}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("labels", "image", "expected"),
+    [
+        (
+            {"gpuforge.io/component": "device-plugin", "app.kubernetes.io/version": "v0.17.0"},
+            "x:y",
+            "v0.17.0",
+        ),
+        ({"gpuforge.io/component": "dra-kubelet-plugin"}, "registry.k8s.io/dra:v0.4.0", "v0.4.0"),
+        ({"gpuforge.io/component": "device-plugin"}, "registry.local/dp:v1", None),
+        ({"gpuforge.io/component": "device-plugin"}, "registry.local/dp", None),
+    ],
+)
+def test_the_release_comes_from_the_version_label_or_the_image_tag(
+    labels: dict[str, str], image: str, expected: str | None
+) -> None:
+    release = release_of(_pod(labels, image))
+    assert (release.version if release else None) == expected
+
+
+def test_the_config_file_is_the_mounted_config_map_key_config_file_names() -> None:
+    assert config_file(_pod({})) == ("dp-config", "config.yaml")
+    pod = _pod({})
+    pod["spec"]["containers"][0]["env"] = []
+    assert config_file(pod) is None
+
+
+def test_failure_injection_stays_with_kwok() -> None:
+    assert not left_to_kwok(_pod({}))
+    assert left_to_kwok(_pod({}, image="registry.local/dp:v2-sim-crash"))
+    pod = _pod({})
+    pod["metadata"]["annotations"] = {"sim.gpuforge.io/fail": "never-ready"}
+    assert left_to_kwok(pod)
+
+
+def test_node_runtime_reads_the_node_labels() -> None:
+    node = {"metadata": {"labels": {"sim.gpuforge.io/nvidia-default-runtime": "true"}}}
+    runtime = node_runtime(node)
+    assert runtime.nvidia_default_runtime and not runtime.mig_enabled
+    assert not node_runtime({"metadata": {}}).nvidia_default_runtime
+
+
+def test_a_started_plugin_is_ready_and_a_crashing_one_shows_the_release_error() -> None:
+    started = running_status(_pod({}), "t")
+    assert started["phase"] == "Running"
+    assert {c["type"]: c["status"] for c in started["conditions"]}["Ready"] == "True"
+    assert started["containerStatuses"][0]["ready"] is True
+    assert started["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+
+    crashed = crash_status(_pod({}), Verdict(False, 'Required flag "image-name" not set'), 3, "t")
+    assert {c["type"]: c["status"] for c in crashed["conditions"]}["Ready"] == "False"
+    (container,) = crashed["containerStatuses"]
+    assert container["ready"] is False
+    assert container["restartCount"] == 3
+    assert container["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert container["lastState"]["terminated"]["message"] == 'Required flag "image-name" not set'
