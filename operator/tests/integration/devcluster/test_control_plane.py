@@ -389,3 +389,42 @@ def test_pools_file_and_add_nodes(cluster_factory: Any) -> None:
     assert nodes["old-0"].status.node_info.kubelet_version == "v1.31.4"
     assert nodes["new-1"].status.node_info.kubelet_version == "v1.35.0"
     cluster.down()
+
+
+def test_a_plugin_its_release_would_not_start_crash_loops_and_advertises_nothing(
+    k8s_api: Any, namespace: str
+) -> None:
+    """NVIDIA's device plugin without a RuntimeClass reaches NVML only where nvidia is containerd's default
+    runtime: on the session's runc nodes (h100) it crash-loops with the release's error, on a100 it starts."""
+    core = client.CoreV1Api(k8s_api)
+    apps = client.AppsV1Api(k8s_api)
+    runc_node, nvidia_node = "h100-3", "a100-3"
+    dp = f"dp-{namespace}"
+    for node in (runc_node, nvidia_node):
+        _label_node(core, node, DEPLOY_LABEL, dp)
+    try:
+        apps.create_namespaced_daemon_set(
+            namespace,
+            plugin_daemonset(
+                dp, namespace, "device-plugin", DEPLOY_LABEL, image="nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
+            ),
+        )
+
+        def crashing() -> Any:
+            pods = core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={runc_node}").items
+            statuses = [s for p in pods for s in p.status.container_statuses or []]
+            return statuses and statuses[0].state.waiting and statuses[0]
+
+        status = eventually(crashing, what="the plugin crash-looping on the runc node")
+        assert status.state.waiting.reason == "CrashLoopBackOff"
+        assert status.last_state.terminated.message == "failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND"
+        assert not status.ready
+        eventually(lambda: _node_gpus(core, nvidia_node) == "8", what="the plugin advertising on a100")
+        restarts = status.restart_count
+        eventually(
+            lambda: (s := crashing()) and s.restart_count > restarts, timeout=40, what="restartCount growing"
+        )
+        assert _node_gpus(core, runc_node) in (None, "0"), "a crash-looping plugin advertises nothing"
+    finally:
+        for node in (runc_node, nvidia_node):
+            _label_node(core, node, DEPLOY_LABEL, None)
