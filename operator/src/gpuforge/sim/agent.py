@@ -9,10 +9,11 @@ tested against a real API server:
   driver gpu.nvidia.com, in the newest resource.k8s.io version the server serves, with the attributes and
   capacity NVIDIA's driver publishes; when the pod goes, the slice goes.
 The node's GPUs come from its `sim.gpuforge.io/gpus` annotation (written by the pool definition).
-Plugin pods are started here, not by kwok: each is judged against the operand contract of its release
-(gpuforge.compat.conformance) with the node's runtime facts (labels sim.gpuforge.io/nvidia-default-runtime,
-sim.gpuforge.io/mig-enabled) and the device-plugin config it mounts. A pod the release would not start on
-is never Ready and never advertises: it crash-loops with the release's own error, its restartCount growing.
+Plugin pods and the DRA controller are started here, not by kwok: each is judged against the operand
+contract of its release (gpuforge.compat.conformance) with the node's runtime facts (labels
+sim.gpuforge.io/nvidia-default-runtime, sim.gpuforge.io/mig-enabled) and the device-plugin config it mounts.
+A pod the release would not start on is never Ready and never advertises: it crash-loops with the release's
+own error, its restartCount growing.
 Every moment a node advertises through both stacks at once is appended to `violations.jsonl`, so tests can
 assert that it never happens.
 """
@@ -39,6 +40,7 @@ from gpuforge.compat.conformance import NodeRuntime, Verdict, judge
 from gpuforge.compat.operands import OperandRelease, UnsupportedRelease, load_operands
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
+    COMPONENT_DRA_CONTROLLER,
     COMPONENT_DRA_KUBELET_PLUGIN,
     COMPONENT_LABEL,
     DRA_DRIVER_GPU,
@@ -51,6 +53,9 @@ from gpuforge.constants import (
 from gpuforge.devcluster.pools import SIM_GPUS_ANNOTATION, GpuSpec
 
 log = logging.getLogger("gpuforge.sim.agent")
+# Operand pods the agent starts (judged against their release); only the plugins advertise.
+STARTED_COMPONENTS = (COMPONENT_DEVICE_PLUGIN, COMPONENT_DRA_KUBELET_PLUGIN, COMPONENT_DRA_CONTROLLER)
+ADVERTISING_COMPONENTS = (COMPONENT_DEVICE_PLUGIN, COMPONENT_DRA_KUBELET_PLUGIN)
 RESOURCE_GROUP = "resource.k8s.io"
 SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
 MANAGED_BY = "gpuforge-sim-agent"
@@ -395,7 +400,7 @@ class Agent:
                 time.sleep(1)
 
     def watch_pods(self) -> None:
-        selector = f"{COMPONENT_LABEL} in ({COMPONENT_DEVICE_PLUGIN},{COMPONENT_DRA_KUBELET_PLUGIN})"
+        selector = f"{COMPONENT_LABEL} in ({','.join(STARTED_COMPONENTS)})"
         while True:
             try:
                 listing = self.core.list_pod_for_all_namespaces(label_selector=selector)
@@ -447,7 +452,7 @@ class Agent:
                     view.device_plugin_pods if old_component == COMPONENT_DEVICE_PLUGIN else view.dra_pods
                 ).discard(uid)
                 touched.add(old_node)
-            if ready and node_name:
+            if ready and node_name and component in ADVERTISING_COMPONENTS:
                 self.pod_nodes[uid] = (node_name, component)
                 view = self.nodes.setdefault(node_name, NodeView())
                 (view.device_plugin_pods if component == COMPONENT_DEVICE_PLUGIN else view.dra_pods).add(uid)

@@ -45,6 +45,7 @@ def _pod(labels: dict[str, str], image: str = "nvcr.io/nvidia/k8s-device-plugin:
             "v0.17.0",
         ),
         ({"gpuforge.io/component": "dra-kubelet-plugin"}, "registry.k8s.io/dra:v0.4.0", "v0.4.0"),
+        ({"gpuforge.io/component": "dra-controller"}, "registry.k8s.io/dra:v25.12.0", "v25.12.0"),
         ({"gpuforge.io/component": "device-plugin"}, "registry.local/dp:v1", None),
         ({"gpuforge.io/component": "device-plugin"}, "registry.local/dp", None),
     ],
