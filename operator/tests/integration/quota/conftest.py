@@ -311,8 +311,16 @@ def kubectl(dev_cluster: Any) -> list[str]:
 
 @pytest.fixture
 def gpu_nodes(api_client: Any, namespace: str) -> list[str]:
-    """Simulated device-plugin pods on every node, so the simulated nodes advertise nvidia.com/gpu."""
+    """Simulated device-plugin pods on every node, so the simulated nodes advertise nvidia.com/gpu. They run
+    under RuntimeClass nvidia, as the operator renders them: the simulation, like the real plugin, cannot
+    reach NVML under runc."""
     core = client.CoreV1Api(api_client)
+    node_api = client.NodeV1Api(api_client)
+    try:
+        node_api.create_runtime_class({"metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
     nodes = [n.metadata.name for n in core.list_node(label_selector="nvidia.com/gpu.present=true").items]
     for node in nodes:
         core.create_namespaced_pod(
@@ -324,6 +332,7 @@ def gpu_nodes(api_client: Any, namespace: str) -> list[str]:
                 },
                 "spec": {
                     "nodeName": node,
+                    "runtimeClassName": "nvidia",
                     "tolerations": [{"operator": "Exists"}],
                     "containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
                 },
