@@ -40,16 +40,17 @@ class OperandRelease:
     required_flags: tuple[str, ...]
     # flag -> the environment variable that sets it (urfave/cli EnvVars)
     flag_env: Mapping[str, str]
-    health_port: int | None
-    needs_nvml: bool
-    min_time_slicing_replicas: int | None
-    mig_needs_sys_admin: bool
-    mig_env: Mapping[str, str]
-    checkpoint_format: str | None
-    # a node that ran this release cannot go back to one with another checkpoint format
-    forward_only: bool
-    advertises: tuple[str, ...]
     errors: Mapping[str, str]
+    # The rest defaults to what a component without that capability has (no health server, no NVML...).
+    health_port: int | None = None
+    needs_nvml: bool = False
+    min_time_slicing_replicas: int | None = None
+    mig_needs_sys_admin: bool = False
+    mig_env: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_format: str | None = None
+    # a node that ran this release cannot go back to one with another checkpoint format
+    forward_only: bool = False
+    advertises: tuple[str, ...] = ()
     startup_probe: Probe | None = None
     liveness_probe: Probe | None = None
     config_versions: tuple[str, ...] = field(default=())
@@ -122,7 +123,6 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             mig_needs_sys_admin=bool(dp["migNeedsSysAdmin"]),
             mig_env=dict(dp["migEnv"]),
             checkpoint_format=dp["checkpointFormat"],
-            forward_only=False,
             advertises=tuple(dp["advertises"]),
             errors=errors,
             config_versions=tuple(dp["configVersions"]),
@@ -139,12 +139,8 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             flag_env=dict(plugin["flagEnv"]),
             health_port=plugin["healthPort"],
             needs_nvml=True,
-            min_time_slicing_replicas=None,
-            mig_needs_sys_admin=False,
-            mig_env={},
             checkpoint_format=plugin["checkpointFormat"],
             forward_only=bool(plugin.get("forwardOnly", False)),
-            advertises=(),
             errors=errors,
             startup_probe=_probe(probes["startup"]) if has_health else None,
             liveness_probe=_probe(probes["liveness"]) if has_health else None,
@@ -155,14 +151,6 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             version=version,
             required_flags=tuple(controller["requiredFlags"]),
             flag_env=dict(controller["flagEnv"]),
-            health_port=None,
-            needs_nvml=False,
-            min_time_slicing_replicas=None,
-            mig_needs_sys_admin=False,
-            mig_env={},
-            checkpoint_format=None,
-            forward_only=False,
-            advertises=(),
             errors=errors,
         )
     return OperandContract(releases)
