@@ -20,12 +20,13 @@ export PATH := $(BIN):$(PATH)
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
-$(VENV)/.stamp: operator/pyproject.toml
+$(VENV)/.stamp: operator/pyproject.toml operator/lab/pyproject.toml
 	@echo "==> Python virtual environment in .venv"
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip==25.3
-	@$(BIN)/python -m pip install --quiet -e 'operator[dev,ansible]'
+	@# Both distributions: the runtime `gpuforge` (what the operator image ships) and the lab `gpuforge-lab`.
+	@$(BIN)/python -m pip install --quiet -e 'operator[dev,ansible]' -e operator/lab
 	@touch $@
 
 venv: $(VENV)/.stamp ## Create the virtual environment with pinned dependencies
@@ -34,7 +35,7 @@ controlplane: venv ## Build (or reuse from cache) kube-apiserver, controller-man
 	@$(GPUFORGE) dev build
 
 lint: venv ## ruff, mypy --strict, import-linter
-	cd operator && $(BIN)/ruff check src tests && $(BIN)/ruff format --check src tests
+	cd operator && $(BIN)/ruff check src lab/src tests && $(BIN)/ruff format --check src lab/src tests
 	cd operator && $(BIN)/mypy
 	cd operator && $(BIN)/lint-imports
 

@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuforge.devcluster.build import build, cache_root, build_key, load_versions
-from gpuforge.devcluster.cluster import DevCluster
-from gpuforge.devcluster.pools import Pool
+from gpuforge_lab.devcluster.build import build, cache_root, build_key, load_versions
+from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import Pool
 
 
 def main() -> None:

@@ -22,8 +22,8 @@ from typing import Any
 
 from harness import ROOT, install_crd, operator, peak_rss_mib
 
-from gpuforge.devcluster.cluster import DevCluster
-from gpuforge.devcluster.pools import uniform_pools
+from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import uniform_pools
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
 from gpuforge.k8s.stack import reconcile

@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any, Self
 
 import aiohttp
-from gpuforge.devcluster.cluster import free_ports
+from gpuforge_lab.devcluster.cluster import free_ports
 from gpuforge.k8s.quota import load_credentials
-from gpuforge.quota.workloads import gpu_deployment
+from gpuforge_lab.workloads import gpu_deployment
 
 REPO = Path(__file__).resolve().parents[1]
 FLOORHOOK = REPO / "bench" / "floorhook"
@@ -310,7 +310,7 @@ def floorhook_binary() -> Path:
 
     from rich.console import Console
 
-    from gpuforge.devcluster.build import cache_root, find_go, go_environment, load_versions
+    from gpuforge_lab.devcluster.build import cache_root, find_go, go_environment, load_versions
 
     digest = hashlib.sha256(
         b"".join((FLOORHOOK / name).read_bytes() for name in ("go.mod", "main.go"))
@@ -992,8 +992,8 @@ def main() -> None:
     else:
         # Our own throwaway cluster in a temporary state root: works on a fresh machine and never
         # touches the user's clusters.
-        from gpuforge.devcluster.cluster import DevCluster
-        from gpuforge.devcluster.pools import uniform_pools
+        from gpuforge_lab.devcluster.cluster import DevCluster
+        from gpuforge_lab.devcluster.pools import uniform_pools
 
         with tempfile.TemporaryDirectory(prefix="gpuforge-bench-quota-") as root:
             cluster = DevCluster("bench-quota", Path(root))

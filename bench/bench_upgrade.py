@@ -50,8 +50,8 @@ from typing import Any
 
 from harness import Operator, cpu_seconds, install_crd, operator, peak_rss_mib
 
-from gpuforge.devcluster.cluster import DevCluster
-from gpuforge.devcluster.pools import uniform_pools
+from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import uniform_pools
 
 MAX_UNAVAILABLE_PERCENT = 10
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuforge.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.cluster import DevCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUFORGE = Path(sys.executable).with_name("gpuforge")

@@ -5,7 +5,7 @@
 .PHONY: image test-image
 
 image: venv ansible-deps ## Build (or reuse) the operator image localhost/gpuforge-operator:<version>
-	@cd operator && $(BIN)/python -m gpuforge.devcluster.image
+	@cd operator && $(BIN)/python -m gpuforge_lab.devcluster.image
 
 test-image: image controlplane ## Run the image as a pod would against the local control plane
 	cd operator && $(BIN)/pytest -q tests/integration/release/test_image.py $(PYTEST_ARGS)

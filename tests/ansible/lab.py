@@ -331,7 +331,7 @@ def run_systemd_host(
 ) -> None:
     """Boot a host: a privileged systemd container on the host network, seeing `hardware` as its GPUs.
 
-    Also the way the local control plane starts its real kubelet nodes (gpuforge.devcluster.realnodes).
+    Also the way the local control plane starts its real kubelet nodes (gpuforge_lab.devcluster.realnodes).
     """
     subprocess.run(["podman", "rm", "--force", "--time", "0", container], check=False, capture_output=True)
     label_args = [arg for key, value in labels.items() for arg in ("--label", f"{key}={value}")]

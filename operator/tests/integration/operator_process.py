@@ -2,7 +2,7 @@
 ServiceAccount (a TokenRequest token), bound to exactly the shipped RBAC (operator/deploy/rbac.yaml), so
 a missing permission fails the tests. Shared by the operator's and the upgrade engine's integration tests.
 
-Kept under tests/ rather than in the `gpuforge.testing` plugin: only tests use it (the benchmarks run the
+Kept under tests/ rather than in the `gpuforge_lab.testing` plugin: only tests use it (the benchmarks run the
 operator with the admin kubeconfig and measure the process themselves), and the shipped package should
 not carry test plumbing.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuforge.devcluster.cluster import free_ports
+from gpuforge_lab.devcluster.cluster import free_ports
 
 OPERATOR_DIR = Path(__file__).parents[2]
 DEPLOY = OPERATOR_DIR / "deploy"

@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuforge.devcluster.cluster import DevCluster
-from gpuforge.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 # The lab hosts' hardware (`lab.py up --host gpu-0=l4:2`), so a Node advertises the GPUs its host has.
 L4_PAIR = GpuSpec(

@@ -15,13 +15,13 @@ from gpuforge import __version__
 
 # subcommand name -> (module, attribute, short help)
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "dev": ("gpuforge.cli.dev", "dev", "Local control plane with simulated GPU nodes."),
+    "dev": ("gpuforge_lab.cli.dev", "dev", "Local control plane with simulated GPU nodes."),
     "operator": ("gpuforge.cli.operator", "operator", "Run the GpuStack operator."),
     "webhook": ("gpuforge.cli.webhook", "webhook", "Run the GpuQuota admission webhook."),
     "status": ("gpuforge.cli.status", "status", "Per-node table of GPU stacks and upgrade states."),
     "plan": ("gpuforge.cli.status", "plan", "What an upgrade or migration would do next."),
     "quota": ("gpuforge.cli.quota", "quota", "Inspect GpuQuota trees."),
-    "demo": ("gpuforge.cli.demo", "demo", "The whole story on the local control plane."),
+    "demo": ("gpuforge_lab.cli.demo", "demo", "The whole story on the local control plane."),
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuforge.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.cluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[4]
 

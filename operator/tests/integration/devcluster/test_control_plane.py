@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpuforge.devcluster.cluster import DevCluster, list_clusters
-from gpuforge.devcluster.pools import Pool
+from gpuforge_lab.devcluster.cluster import DevCluster, list_clusters
+from gpuforge_lab.devcluster.pools import Pool
 
 from .helpers import eventually, gpu_pod, plugin_daemonset
 

@@ -24,7 +24,7 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     STACK_LABEL,
 )
-from gpuforge.devcluster.pools import GpuSpec, Pool, Taint
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool, Taint
 
 # The operator-process plumbing lives in tests/integration/operator_process.py; its names stay importable
 # from here (OperatorProcess, start_operator, service_account_kubeconfig, ...) for older imports.

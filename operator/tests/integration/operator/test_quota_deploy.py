@@ -30,8 +30,6 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from gpuforge.devcluster.pools import Pool
-from gpuforge.quota.workloads import gpu_deployment
 from gpuforge.render import quota_webhook as q
 from gpuforge.render.certs import (
     KeyPair,
@@ -41,6 +39,8 @@ from gpuforge.render.certs import (
     needs_rotation,
     signed_by,
 )
+from gpuforge_lab.devcluster.pools import Pool
+from gpuforge_lab.workloads import gpu_deployment
 
 from ..operator_process import (
     DEPLOY,

@@ -4,7 +4,7 @@ with the local control plane (whose API server calls it over TLS), and helpers t
 The session's webhook is one process (`--register`: always the leader). Tests of several replicas stop
 it and run their own, electing a leader through a Lease, with one certificate and CA between them.
 
-`dev_cluster` and `namespace` come from the gpuforge.testing pytest plugin.
+`dev_cluster` and `namespace` come from the gpuforge_lab.testing pytest plugin.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpuforge.devcluster.cluster import free_ports
-from gpuforge.quota.workloads import gpu_deployment
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
+from gpuforge_lab.devcluster.cluster import free_ports
+from gpuforge_lab.workloads import gpu_deployment
 
 REPO = Path(__file__).resolve().parents[4]
 CRD = REPO / "operator" / "deploy" / "crds" / "gpuquotas.gpuforge.io.yaml"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuforge.devcluster import realnodes
-from gpuforge.devcluster.build import build_nodes
-from gpuforge.devcluster.cluster import DevCluster
-from gpuforge.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.devcluster import realnodes
+from gpuforge_lab.devcluster.build import build_nodes
+from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 

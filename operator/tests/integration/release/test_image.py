@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuforge.devcluster import image as operator_image
-from gpuforge.quota.workloads import gpu_deployment
 from gpuforge.render.quota_webhook import TLS_DIR, WEBHOOK_RULES
 from gpuforge.render.webhook_configurations import ClientTarget, render_webhook_configurations
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
+from gpuforge_lab.devcluster import image as operator_image
+from gpuforge_lab.workloads import gpu_deployment
 
 from ..operator_process import DEPLOY, condition, free_port, stack_status, wait_for
 

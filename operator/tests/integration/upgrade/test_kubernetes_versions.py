@@ -34,7 +34,7 @@ POOLS_FILE = (
 
 @pytest.fixture(scope="module")
 def cluster(cluster_factory: Callable[..., Any]) -> Any:
-    from gpuforge.devcluster.pools import GpuSpec, Pool
+    from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
     pools = [Pool(name=n, count=c, gpu=GpuSpec(count=4), kubelet_version=k) for n, c, k in POOLS_FILE]
     return cluster_factory(profile="1.33", pools=pools, name="upgrade-k8s")

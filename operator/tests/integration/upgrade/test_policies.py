@@ -25,8 +25,8 @@ from gpuforge.constants import (
     SIM_POOL_LABEL,
     UPGRADE_SKIP_LABEL,
 )
-from gpuforge.devcluster.pools import GpuSpec, Pool
 from gpuforge.upgrade.model import FAILURE_ANNOTATION, INITIAL_UNSCHEDULABLE_ANNOTATION
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 from .helpers import (
     Moment,

@@ -24,7 +24,7 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     NODE_STATE_LABEL,
 )
-from gpuforge.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 from .helpers import (
     Operator,

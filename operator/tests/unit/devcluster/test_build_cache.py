@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuforge.devcluster import build
+from gpuforge_lab.devcluster import build
 
 
 @pytest.fixture

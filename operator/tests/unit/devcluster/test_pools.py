@@ -4,7 +4,14 @@ from typing import Any
 
 import pytest
 
-from gpuforge.devcluster.pools import GpuSpec, PoolError, gpu_labels, parse_pools, render_node, render_nodes
+from gpuforge_lab.devcluster.pools import (
+    GpuSpec,
+    PoolError,
+    gpu_labels,
+    parse_pools,
+    render_node,
+    render_nodes,
+)
 
 
 def test_pool_file_parses_with_defaults() -> None:

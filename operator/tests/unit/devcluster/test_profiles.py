@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuforge.devcluster.profiles import ProfileError, parse_profile
+from gpuforge_lab.devcluster.profiles import ProfileError, parse_profile
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from gpuforge.devcluster import build, realnodes
-from gpuforge.devcluster.pools import (
+from gpuforge_lab.devcluster import build, realnodes
+from gpuforge_lab.devcluster.pools import (
     GpuSpec,
     Pool,
     PoolError,

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuforge.devcluster.pools import GpuSpec
-from gpuforge.sim.agent import WorkQueue, _semver, render_slice
+from gpuforge_lab.devcluster.pools import GpuSpec
+from gpuforge_lab.sim.agent import WorkQueue, _semver, render_slice
 
 NODE = {"metadata": {"name": "h100-0", "uid": "u-1"}}
 H100 = GpuSpec(product="NVIDIA H100 80GB HBM3", count=2, memory_mib=81559, compute_capability="9.0")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpuforge.compat.conformance import Verdict
-from gpuforge.sim.agent import (
+from gpuforge_lab.sim.agent import (
     config_file,
     crash_status,
     left_to_kwok,

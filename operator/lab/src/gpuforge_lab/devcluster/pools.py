@@ -24,7 +24,7 @@ from gpuforge.constants import (
 )
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# The simulated hardware of a node, JSON of GpuSpec; read by gpuforge.sim.
+# The simulated hardware of a node, JSON of GpuSpec; read by gpuforge_lab.sim.
 SIM_GPUS_ANNOTATION = "sim.gpuforge.io/gpus"
 # "not-ready" makes kwok report the node NotReady (failure injection).
 SIM_HEALTH_ANNOTATION = "sim.gpuforge.io/health"

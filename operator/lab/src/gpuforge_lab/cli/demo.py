@@ -38,9 +38,9 @@ from gpuforge.constants import (
     NODE_STATE_LABEL,
     SIM_POOL_LABEL,
 )
-from gpuforge.devcluster.cluster import DevCluster, free_ports
-from gpuforge.devcluster.pools import GpuSpec, Pool
-from gpuforge.quota.workloads import gpu_deployment
+from gpuforge_lab.devcluster.cluster import DevCluster, free_ports
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.workloads import gpu_deployment
 
 T = TypeVar("T")
 # Wide enough for the node table when the output is a log rather than a terminal.

@@ -50,9 +50,9 @@ from gpuforge.constants import (
     SIM_MIG_ENABLED_LABEL,
     SIM_NVIDIA_DEFAULT_RUNTIME_LABEL,
 )
-from gpuforge.devcluster.pools import SIM_GPUS_ANNOTATION, GpuSpec
+from gpuforge_lab.devcluster.pools import SIM_GPUS_ANNOTATION, GpuSpec
 
-log = logging.getLogger("gpuforge.sim.agent")
+log = logging.getLogger("gpuforge_lab.sim.agent")
 # Operand pods the agent starts (judged against their release); only the plugins advertise.
 STARTED_COMPONENTS = (COMPONENT_DEVICE_PLUGIN, COMPONENT_DRA_KUBELET_PLUGIN, COMPONENT_DRA_CONTROLLER)
 ADVERTISING_COMPONENTS = (COMPONENT_DEVICE_PLUGIN, COMPONENT_DRA_KUBELET_PLUGIN)

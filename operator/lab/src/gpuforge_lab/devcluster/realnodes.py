@@ -25,12 +25,12 @@ from typing import Any
 
 import yaml
 
-from gpuforge.devcluster import pki
-from gpuforge.devcluster.build import NODE_PROGRAMS, Binaries, build_nodes
+from gpuforge_lab.devcluster import pki
+from gpuforge_lab.devcluster.build import NODE_PROGRAMS, Binaries, build_nodes
 
 PACKAGE_DIR = Path(__file__).parent
 NODE_IMAGE_DIR = PACKAGE_DIR / "nodeimage"
-LAB_SCRIPT = PACKAGE_DIR.parents[3] / "tests" / "ansible" / "lab.py"
+LAB_SCRIPT = PACKAGE_DIR.parents[4] / "tests" / "ansible" / "lab.py"
 CLUSTER_LABEL = "io.gpuforge.devcluster"
 # Set on every real node, so tests and `status` tell them from kwok's.
 REAL_NODE_LABEL = "gpuforge.io/real-node"

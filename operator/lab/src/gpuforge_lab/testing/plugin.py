@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from gpuforge.devcluster.cluster import DevCluster
-from gpuforge.devcluster.pools import GpuSpec, Pool, Taint, uniform_pools
+from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool, Taint, uniform_pools
 
 H100 = GpuSpec(
     product="NVIDIA H100 80GB HBM3",

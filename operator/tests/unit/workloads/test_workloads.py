@@ -6,7 +6,7 @@ import pytest
 
 from gpuforge.quota.quantity import parse_quantity
 from gpuforge.quota.usage import workload_usage
-from gpuforge.quota.workloads import gpu_deployment
+from gpuforge_lab.workloads import gpu_deployment
 
 
 @pytest.mark.parametrize(

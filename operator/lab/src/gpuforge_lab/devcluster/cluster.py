@@ -1,5 +1,5 @@
 """The local control plane: real etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and kwok
-playing the kubelets of simulated GPU nodes, plus the simulated GPU node agent (gpuforge.sim).
+playing the kubelets of simulated GPU nodes, plus the simulated GPU node agent (gpuforge_lab.sim).
 
 Every process runs on free loopback ports with its state, logs, certificates and kubeconfigs in one
 directory. The processes this module starts are recorded (pid and kernel start time) in `state.json`, so
@@ -29,16 +29,16 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from gpuforge.devcluster import pki, realnodes
-from gpuforge.devcluster.build import Binaries, build
-from gpuforge.devcluster.pools import (
+from gpuforge_lab.devcluster import pki, realnodes
+from gpuforge_lab.devcluster.build import Binaries, build
+from gpuforge_lab.devcluster.pools import (
     SIM_HEALTH_ANNOTATION,
     Pool,
     lab_gpu_models,
     real_node_patch,
     render_nodes,
 )
-from gpuforge.devcluster.profiles import DEFAULT_PROFILE, ApiProfile, parse_profile
+from gpuforge_lab.devcluster.profiles import DEFAULT_PROFILE, ApiProfile, parse_profile
 
 PACKAGE_DIR = Path(__file__).parent
 STAGES_FILE = PACKAGE_DIR / "kwok-stages.yaml"
@@ -446,7 +446,7 @@ class DevCluster:
             return [
                 sys.executable,
                 "-m",
-                "gpuforge.sim.agent",
+                "gpuforge_lab.sim.agent",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--state-dir={self.state_dir / 'agent'}",
             ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuforge import __version__
-from gpuforge.devcluster.build import cache_root
+from gpuforge_lab.devcluster.build import cache_root
 
 Log = Callable[[str], None]
 
@@ -47,7 +47,7 @@ IMAGE_NAME = "localhost/gpuforge-operator"
 SOURCE_URL = "https://github.com/gpuforge/gpuforge"
 DIGEST_LABEL = "io.gpuforge.image.digest"
 
-OPERATOR_DIR = Path(__file__).resolve().parents[3]
+OPERATOR_DIR = Path(__file__).resolve().parents[4]
 DOCKERFILE = OPERATOR_DIR / "Dockerfile"
 
 
@@ -271,7 +271,7 @@ def ensure_image(log: Log = _stderr) -> Image:
 
 
 def main() -> None:
-    """`python -m gpuforge.devcluster.image`: build (or reuse) the image and print its reference and size."""
+    """`python -m gpuforge_lab.devcluster.image`: build (or reuse) the image; print its reference and size."""
     built = ensure_image()
     print(f"{built.ref} ({built.size_bytes / 1e6:.0f} MB, digest {built.digest})")
 

@@ -11,11 +11,17 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpuforge.devcluster.build import BuildError, build, cached_binaries, load_versions, verify_hashes
-from gpuforge.devcluster.cluster import AlreadyRunning, ClusterError, DevCluster, NotRunning, list_clusters
-from gpuforge.devcluster.pools import Pool, PoolError, load_pools, uniform_pools
-from gpuforge.devcluster.profiles import DEFAULT_PROFILE, SUPPORTED_MINORS, ProfileError, parse_profile
-from gpuforge.devcluster.realnodes import RealNodeError, running_hosts
+from gpuforge_lab.devcluster.build import BuildError, build, cached_binaries, load_versions, verify_hashes
+from gpuforge_lab.devcluster.cluster import (
+    AlreadyRunning,
+    ClusterError,
+    DevCluster,
+    NotRunning,
+    list_clusters,
+)
+from gpuforge_lab.devcluster.pools import Pool, PoolError, load_pools, uniform_pools
+from gpuforge_lab.devcluster.profiles import DEFAULT_PROFILE, SUPPORTED_MINORS, ProfileError, parse_profile
+from gpuforge_lab.devcluster.realnodes import RealNodeError, running_hosts
 
 EXIT_FAILURE = 1
 EXIT_NOT_RUNNING = 3

@@ -1,0 +1,1 @@
+"""The lab's `gpuforge` subcommands: `dev` and `demo`."""

@@ -1,0 +1,1 @@
+"""gpuforge_lab.sim"""
