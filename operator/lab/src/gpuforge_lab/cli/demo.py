@@ -495,7 +495,7 @@ def _interrupt_is_clean() -> Iterator[None]:
         console.print("\ninterrupted")
 
 
-@click.command()
+@click.command(short_help="The whole story on the local control plane.")
 @click.option("--name", default="demo", show_default=True, help="Name of the local cluster the demo starts.")
 @click.option("--keep", is_flag=True, help="Leave everything running at the end, until Ctrl-C.")
 @click.option("--skip-ansible", is_flag=True, help="Skip step 1 (the Debian host).")

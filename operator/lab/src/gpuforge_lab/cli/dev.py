@@ -50,7 +50,7 @@ def _check_profile(ctx: click.Context, param: click.Parameter, value: str | None
     return value
 
 
-@click.group()
+@click.group(short_help="Local control plane with simulated GPU nodes.")
 def dev() -> None:
     """Local control plane: real kube-apiserver, etcd, controller-manager, scheduler; kwok for GPU nodes."""
 
