@@ -1,4 +1,7 @@
-"""pytest fixtures for tests on the real local control plane (loaded through the `pytest11` entry point).
+"""pytest fixtures for tests on the real local control plane.
+
+A suite loads them explicitly (`pytest_plugins = ["gpuforge_lab.testing.plugin"]` in its top conftest.py);
+installing the lab does not add them to anyone else's pytest runs.
 
 - `dev_cluster` (session): one running cluster (API profile 1.36) with mixed GPU pools; see SESSION_POOLS.
 - `cluster_factory` (session): start more clusters, e.g. `cluster_factory(profile="1.33", nodes=2)`; all are
