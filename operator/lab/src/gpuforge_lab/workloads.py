@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuforge.constants import GPU_MODEL_LABEL, QUOTA_LABEL
-
-GPU_RESOURCE = "nvidia.com/gpu"
+from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL
 
 
 def gpu_deployment(
