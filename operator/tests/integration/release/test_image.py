@@ -151,6 +151,26 @@ def test_image_is_labelled_and_runs_unprivileged(image: str) -> None:
     assert operator_image.__version__ in version
 
 
+def test_image_ships_the_runtime_alone(image: str) -> None:
+    """No module of the lab (gpuforge-lab), under its own name or the one it had in gpuforge."""
+    modules = [path.rstrip("/").removesuffix(".py").replace("/", ".") for path in operator_image.LAB_PATHS]
+    assert "gpuforge.sim" in modules and "gpuforge_lab" in modules
+    probe = (
+        "import importlib.metadata as md, importlib.util, json, sys\n"
+        "found = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None]\n"
+        "found += [d.name for d in md.distributions() if d.name == 'gpuforge-lab']\n"
+        "print(json.dumps(found))"
+    )
+    result = subprocess.run(
+        ["podman", "run", "--rm", *PODMAN_RUN_COMPAT, "--read-only", "--entrypoint", "python3", image,
+         "-c", probe, *modules],
+        capture_output=True,
+        text=True,
+        check=True,
+    )  # fmt: skip
+    assert json.loads(result.stdout) == []
+
+
 def test_operator_in_the_image_reconciles_a_gpustack(
     dev_cluster: Any, image: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

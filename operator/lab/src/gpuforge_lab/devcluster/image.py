@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,16 @@ DIGEST_LABEL = "io.gpuforge.image.digest"
 
 OPERATOR_DIR = Path(__file__).resolve().parents[4]
 DOCKERFILE = OPERATOR_DIR / "Dockerfile"
+# The image ships the runtime alone: neither the lab's package nor the places its modules had in gpuforge.
+LAB_PATHS = (
+    "gpuforge_lab/",
+    "gpuforge/devcluster/",
+    "gpuforge/sim/",
+    "gpuforge/testing/",
+    "gpuforge/cli/dev.py",
+    "gpuforge/cli/demo.py",
+    "gpuforge/quota/workloads.py",
+)
 
 
 class ImageError(Exception):
@@ -194,9 +205,11 @@ def image_size(ref: str) -> int:
     return int(out.strip())
 
 
-def _install_packages(site: Path, wheels: Path, log: Log) -> None:
-    """The gpuforge wheel and its pinned dependencies, installed for the base's CPython."""
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+_PIP = (sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet")
+
+
+def build_runtime_wheel(wheels: Path, log: Log = _stderr) -> Path:
+    """The wheel of the runtime distribution `gpuforge` (operator/pyproject.toml), written into `wheels`."""
     log("building the gpuforge wheel")
     # From a copy: setuptools leaves build/ in the source tree, and a stale build/lib would put files
     # deleted since into the wheel.
@@ -208,12 +221,28 @@ def _install_packages(site: Path, wheels: Path, log: Log) -> None:
         source / "src",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
     )
-    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)], stderr=subprocess.PIPE)
+    _run([*_PIP, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)], stderr=subprocess.PIPE)
     wheel = next(wheels.glob("gpuforge-*.whl"))
+    strays = lab_files(wheel)
+    if strays:
+        raise ImageError(f"{wheel.name} carries the lab, which the image must not ship: {', '.join(strays)}")
+    return wheel
+
+
+def lab_files(wheel: Path) -> list[str]:
+    """What in `wheel` belongs to the lab (gpuforge-lab), or the names the lab's modules had in gpuforge."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    return [name for name in names if name.startswith(LAB_PATHS)]
+
+
+def _install_packages(site: Path, wheels: Path, log: Log) -> None:
+    """The gpuforge wheel and its pinned dependencies, installed for the base's CPython."""
+    wheel = build_runtime_wheel(wheels, log)
     log(f"installing {wheel.name} and its dependencies for CPython {BASE_PYTHON}")
     _run(
         [
-            *pip,
+            *_PIP,
             "install",
             "--target",
             str(site),
