@@ -17,6 +17,8 @@ import click
 from gpuforge import __version__
 
 COMMANDS_GROUP = "gpuforge.commands"
+# Added by the lab distribution; named here only to say where they come from when it is not installed.
+LAB_COMMANDS = frozenset({"dev", "demo"})
 
 # subcommand name -> (module, attribute, short help)
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -53,6 +55,14 @@ class LazyGroup(click.Group):
         command: Any = getattr(importlib.import_module(module_name), attribute)
         assert isinstance(command, click.Command)
         return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name in LAB_COMMANDS and self.get_command(ctx, name) is None:
+            ctx.fail(f"No such command '{name}': it comes with gpuforge-lab, which is not installed.")
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, _, help_text) in _SUBCOMMANDS.items()]

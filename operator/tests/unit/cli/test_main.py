@@ -38,6 +38,7 @@ def test_installed_lab_adds_dev_and_demo() -> None:
         ([("extra", "gpuforge.nowhere:command")], ["--help"], 0, "extra     (cannot be loaded"),
         ([("extra", "gpuforge:__version__")], ["extra"], 1, "is not a click command"),
         ([], ["extra"], 2, "No such command 'extra'"),
+        ([], ["dev", "cluster", "up"], 2, "No such command 'dev': it comes with gpuforge-lab"),
     ],
 )
 def test_commands_added_by_entry_point(
