@@ -19,6 +19,7 @@ from gpuforge_lab.devcluster.cluster import (
     NotRunning,
     list_clusters,
 )
+from gpuforge_lab.devcluster.helm import ensure_helm
 from gpuforge_lab.devcluster.pools import Pool, PoolError, load_pools, uniform_pools
 from gpuforge_lab.devcluster.profiles import DEFAULT_PROFILE, SUPPORTED_MINORS, ProfileError, parse_profile
 from gpuforge_lab.devcluster.realnodes import RealNodeError, running_hosts
@@ -75,6 +76,17 @@ def build_command(force: bool, verify: bool) -> None:
         f"Control plane ready: Kubernetes {versions.kubernetes}, etcd {versions.etcd}, kwok {versions.kwok} "
         f"in {binaries.directory}"
     )
+
+
+@dev.command("helm")
+def helm_command() -> None:
+    """Build (or find in the cache) the pinned helm; print its path."""
+    try:
+        helm = ensure_helm(err)
+    except BuildError as error:
+        _fail(str(error))
+        return
+    out.print(str(helm), highlight=False)
 
 
 @dev.group()

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +51,8 @@ KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-schedu
 BETA_COMPONENTS = ("kube-controller-manager", "kube-scheduler")
 BINARIES = (*KUBERNETES_BINARIES, "etcd", "kwok", *(f"beta/{name}" for name in BETA_COMPONENTS))
 NODE_GOMOD = "node"
+# Wrapper modules of tools built on demand (helm): each has a key of its own, so neither changes the others'.
+TOOL_GOMODS = ("helm",)
 # Static programs that run in the nodes' containers (scratch images), built with CGO_ENABLED=0.
 NODE_PROGRAMS = ("pause", "gpu-workload", "gpu-device-plugin")
 NODE_BINARIES = ("kubelet", *NODE_PROGRAMS)
@@ -107,9 +109,14 @@ def _recipe_files(nodes: bool = False) -> Iterator[Path]:
     """What shapes a build: the pins, and the wrapper modules of the control plane or of the nodes."""
     yield VERSIONS_FILE
     node_dir = GOMOD_DIR / NODE_GOMOD
+    tool_dirs = [GOMOD_DIR / name for name in TOOL_GOMODS]
     if GOMOD_DIR.is_dir():
         files = sorted(p for p in GOMOD_DIR.rglob("*") if p.is_file())
-        yield from (p for p in files if p.is_relative_to(node_dir) == nodes)
+        yield from (
+            p
+            for p in files
+            if p.is_relative_to(node_dir) == nodes and not any(p.is_relative_to(d) for d in tool_dirs)
+        )
 
 
 def _recipe_digest(nodes: bool) -> str:
@@ -129,18 +136,16 @@ def node_build_key(versions: Versions) -> str:
 
 
 @dataclass(frozen=True)
-class _BuildKind:
-    """The control plane or the nodes: where their cache lives and what a complete build holds."""
+class BuildKind:
+    """The control plane, the nodes or a tool: where its cache lives, under which key, what a complete
+    build holds, which targets make it and what the build announces."""
 
     directory: str
     binaries: tuple[str, ...]
-
-    def key(self, versions: Versions) -> str:
-        return node_build_key(versions) if self.directory == "nodes" else build_key(versions)
-
-
-CONTROL_PLANE = _BuildKind("controlplane", BINARIES)
-NODES = _BuildKind("nodes", NODE_BINARIES)
+    key: Callable[[Versions], str]
+    targets: Callable[[Versions], list[GoTarget]]
+    announce: Callable[[Versions, Path, Path], str]
+    done: str
 
 
 @dataclass(frozen=True)
@@ -160,9 +165,10 @@ def _manifest_path(bin_dir: Path) -> Path:
     return bin_dir.parent / "manifest.json"
 
 
-def cached_binaries(versions: Versions | None = None, kind: _BuildKind = CONTROL_PLANE) -> Binaries | None:
+def cached_binaries(versions: Versions | None = None, kind: BuildKind | None = None) -> Binaries | None:
     """The cached binaries if the cache is complete and intact, else None (cheap: sizes, not hashes)."""
     versions = versions or load_versions()
+    kind = kind or CONTROL_PLANE
     bin_dir = cache_root() / kind.directory / kind.key(versions) / "bin"
     try:
         manifest = json.loads(_manifest_path(bin_dir).read_text())
@@ -248,7 +254,7 @@ def find_go(versions: Versions, console: Console) -> Path:
 
 
 @dataclass(frozen=True)
-class _Target:
+class GoTarget:
     name: str
     packages: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -273,22 +279,22 @@ def _version_flags(k8s_version: str) -> str:
     )
 
 
-def _targets(versions: Versions) -> list[_Target]:
+def _targets(versions: Versions) -> list[GoTarget]:
     return [
-        _Target(
+        GoTarget(
             "kubernetes",
             tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_BINARIES),
             KUBERNETES_BINARIES,
             f"-s -w {_version_flags(versions.kubernetes)}",
         ),
-        _Target(
+        GoTarget(
             "kubernetes-beta",
             tuple(f"k8s.io/kubernetes/cmd/{name}" for name in BETA_COMPONENTS),
             tuple(f"beta/{name}" for name in BETA_COMPONENTS),
             f"-s -w {_version_flags(versions.beta_kubernetes)}",
         ),
-        _Target("etcd", (".",), ("etcd",), "-s -w"),
-        _Target(
+        GoTarget("etcd", (".",), ("etcd",), "-s -w"),
+        GoTarget(
             "kwok",
             ("sigs.k8s.io/kwok/cmd/kwok",),
             ("kwok",),
@@ -297,16 +303,16 @@ def _targets(versions: Versions) -> list[_Target]:
     ]
 
 
-def _node_targets(versions: Versions) -> list[_Target]:
+def _node_targets(versions: Versions) -> list[GoTarget]:
     return [
-        _Target(
+        GoTarget(
             "kubelet",
             ("k8s.io/kubernetes/cmd/kubelet",),
             ("kubelet",),
             f"-s -w {_version_flags(versions.kubernetes)}",
             module=NODE_GOMOD,
         ),
-        _Target(
+        GoTarget(
             "node-programs",
             tuple(f"./cmd/{name}" for name in NODE_PROGRAMS),
             NODE_PROGRAMS,
@@ -315,6 +321,25 @@ def _node_targets(versions: Versions) -> list[_Target]:
             env=(("CGO_ENABLED", "0"),),
         ),
     ]
+
+
+def _announce_control_plane(versions: Versions, go: Path, target_dir: Path) -> str:
+    return (
+        f"Building the local control plane (Kubernetes {versions.kubernetes}, controller-manager and "
+        f"scheduler {versions.beta_kubernetes} for the beta API profiles, etcd {versions.etcd}, "
+        f"kwok {versions.kwok}) with {go} into {target_dir}.\n"
+        "The first build takes many minutes on 2 cores; later runs reuse it."
+    )
+
+
+def _announce_nodes(versions: Versions, go: Path, target_dir: Path) -> str:
+    return f"Building the real nodes' kubelet {versions.kubernetes} and programs into {target_dir}"
+
+
+CONTROL_PLANE = BuildKind(
+    "controlplane", BINARIES, build_key, _targets, _announce_control_plane, "Control plane"
+)
+NODES = BuildKind("nodes", NODE_BINARIES, node_build_key, _node_targets, _announce_nodes, "Node programs")
 
 
 def _write_wrapper_module(target: str, versions: Versions, work: Path, go: Path, env: dict[str, str]) -> None:
@@ -375,7 +400,7 @@ def go_environment() -> dict[str, str]:
     return env
 
 
-def _count_packages(go: Path, target: _Target, work: Path, env: dict[str, str]) -> int:
+def _count_packages(go: Path, target: GoTarget, work: Path, env: dict[str, str]) -> int:
     result = subprocess.run(
         [str(go), "list", "-deps", "-f", "{{.ImportPath}}", *target.packages],
         cwd=work,
@@ -397,48 +422,39 @@ def _build_lock(key: str, console: Console, directory: str = "controlplane") -> 
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            console.print("Another build of the control plane is running; waiting for it")
+            console.print(f"Another build of {key} is running; waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 
 def build(console: Console | None = None, force: bool = False) -> Binaries:
     """Return cached binaries, building them first if the cache is missing, partial or broken."""
-    console = console or Console(stderr=True, soft_wrap=True)
-    versions = load_versions()
-    if not force:
-        cached = cached_binaries(versions)
-        if cached is not None:
-            return cached
-    key = build_key(versions)
-    with _build_lock(key, console):
-        if not force:
-            cached = cached_binaries(versions)
-            if cached is not None:
-                return cached  # built by whoever held the lock
-        return _build_locked(versions, key, console)
+    return build_kind(CONTROL_PLANE, console, force)
 
 
 def build_nodes(console: Console | None = None, force: bool = False) -> Binaries:
     """The real nodes' binaries (kubelet, pause, device plugin, workload), built first if needed."""
+    return build_kind(NODES, console, force)
+
+
+def build_kind(kind: BuildKind, console: Console | None = None, force: bool = False) -> Binaries:
+    """The binaries of `kind` from the cache, built first if the cache is missing, partial or broken."""
     console = console or Console(stderr=True, soft_wrap=True)
     versions = load_versions()
     if not force:
-        cached = cached_binaries(versions, NODES)
+        cached = cached_binaries(versions, kind)
         if cached is not None:
             return cached
-    key = node_build_key(versions)
-    with _build_lock(key, console, NODES.directory):
+    key = kind.key(versions)
+    with _build_lock(key, console, kind.directory):
         if not force:
-            cached = cached_binaries(versions, NODES)
+            cached = cached_binaries(versions, kind)
             if cached is not None:
-                return cached
-        return _build_locked(versions, key, console, NODES)
+                return cached  # built by whoever held the lock
+        return _build_locked(versions, key, console, kind)
 
 
-def _build_locked(
-    versions: Versions, key: str, console: Console, kind: _BuildKind = CONTROL_PLANE
-) -> Binaries:
+def _build_locked(versions: Versions, key: str, console: Console, kind: BuildKind) -> Binaries:
     target_dir = cache_root() / kind.directory / key
     if target_dir.exists():
         console.print(f"[yellow]Cache {target_dir} is incomplete or broken: rebuilding[/]")
@@ -450,17 +466,7 @@ def _build_locked(
 
     go = find_go(versions, console)
     env = go_environment()
-    if kind is NODES:
-        console.print(
-            f"Building the real nodes' kubelet {versions.kubernetes} and programs into {target_dir}"
-        )
-    else:
-        console.print(
-            f"Building the local control plane (Kubernetes {versions.kubernetes}, controller-manager and "
-            f"scheduler {versions.beta_kubernetes} for the beta API profiles, etcd {versions.etcd}, "
-            f"kwok {versions.kwok}) with {go} into {target_dir}.\n"
-            "The first build takes many minutes on 2 cores; later runs reuse it."
-        )
+    console.print(kind.announce(versions, go, target_dir))
     started = time.monotonic()
     columns = (
         SpinnerColumn(),
@@ -471,7 +477,7 @@ def _build_locked(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        for target in _node_targets(versions) if kind is NODES else _targets(versions):
+        for target in kind.targets(versions):
             work = staging_dir / "src" / target.name
             task = progress.add_task(f"{target.name}: resolving modules", total=None)
             _write_wrapper_module(target.module or target.name, versions, work, go, env)
@@ -515,8 +521,7 @@ def _build_locked(
     staging_dir.rename(target_dir)  # atomic: a crash before this leaves only the .partial directory
     elapsed = manifest["duration_seconds"]
     assert isinstance(elapsed, float)
-    what = "Node programs" if kind is NODES else "Control plane"
-    console.print(f"[green]{what} built in {int(elapsed // 60)}m{int(elapsed % 60):02d}s[/]")
+    console.print(f"[green]{kind.done} built in {int(elapsed // 60)}m{int(elapsed % 60):02d}s[/]")
     result = cached_binaries(versions, kind)
     if result is None:
         raise BuildError(f"build finished but {target_dir} does not verify")
