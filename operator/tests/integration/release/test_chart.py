@@ -9,7 +9,9 @@ the chart's schema refuses fail with the field's name.
 
 from __future__ import annotations
 
+import json
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,19 @@ import yaml
 from gpuforge_lab.devcluster.build import build
 from gpuforge_lab.devcluster.chart import BASE_DIR, CHART_DIR, QUOTA_FILE
 from gpuforge_lab.devcluster.helm import ensure_helm
+from gpuforge_lab.devcluster.pools import Pool
 
 Key = tuple[str, str, str, str]
 
 
 @pytest.fixture(scope="module")
-def helm() -> Path:
-    return ensure_helm()
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The pinned helm, with its cache, configuration and data in a scratch directory."""
+    home = tmp_path_factory.mktemp("helm-home")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("CACHE", "CONFIG", "DATA"):
+            patch.setenv(f"HELM_{name}_HOME", str(home / name.lower()))
+        yield ensure_helm()
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +135,58 @@ def test_values_outside_the_schema_are_refused(helm: Path, setting: str, field: 
 def test_helm_lint_passes(helm: Path) -> None:
     result = subprocess.run([str(helm), "lint", "--strict", str(CHART_DIR)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- installed with helm on the local control plane ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory: Callable[..., Any]) -> Any:
+    return cluster_factory(profile="1.36", pools=[Pool(name="cpu", count=1, gpu=None)], name="helm-install")
+
+
+def run_helm(helm: Path, cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(helm), f"--kubeconfig={cluster.kubeconfig}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def exists(cluster: Any, *what: str) -> bool:
+    return bool(cluster.kubectl("get", *what, check=False).returncode == 0)
+
+
+@pytest.mark.cluster
+def test_install_upgrade_uninstall(helm: Path, cluster: Any) -> None:
+    """What docs/install.md tells a user to run: the release record in its own namespace, the objects
+    where namespace.name says; quota off on upgrade removes the quota RBAC; uninstall keeps the CRD."""
+    release_namespace = ["--namespace", "gpuforge-helm", "--create-namespace"]
+    run_helm(
+        helm, cluster, "install", "gpuforge", str(CHART_DIR), *release_namespace, "--wait", "--timeout=120s"
+    )
+    assert exists(cluster, "crd", "gpustacks.gpuforge.io")
+    deployment = json.loads(
+        cluster.kubectl("get", "deploy", "-n", "gpuforge-system", "gpuforge-operator", "-o", "json").stdout
+    )
+    assert deployment["status"].get("availableReplicas") == 1
+    namespace = json.loads(cluster.kubectl("get", "namespace", "gpuforge-system", "-o", "json").stdout)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert exists(cluster, "clusterrole", "gpuforge-operator-quota")
+
+    run_helm(
+        helm,
+        cluster,
+        "upgrade",
+        "gpuforge",
+        str(CHART_DIR),
+        *release_namespace[:2],
+        "--set",
+        "quotaWebhook.enabled=false",
+    )
+    assert not exists(cluster, "clusterrole", "gpuforge-operator-quota")
+    assert not exists(cluster, "clusterrolebinding", "gpuforge-operator-quota")
+    assert exists(cluster, "clusterrole", "gpuforge-operator")
+
+    run_helm(helm, cluster, "uninstall", "gpuforge", *release_namespace[:2], "--wait")
+    assert not exists(cluster, "deploy", "-n", "gpuforge-system", "gpuforge-operator")
+    assert exists(cluster, "crd", "gpustacks.gpuforge.io"), "deleting the CRD would delete every GpuStack"
