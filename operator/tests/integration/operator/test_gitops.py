@@ -19,6 +19,7 @@ import pytest
 from gpuforge.render import quota_webhook as q
 from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
+from ..argocd_health import health
 from ..operator_process import (
     DEPLOY,
     OPERATOR_DIR,
@@ -68,6 +69,10 @@ def reconciled(cluster: Any, quota: bool) -> dict[str, Any] | None:
     return dict(stack)
 
 
+def stack_ready_message(cluster: Any) -> str:
+    return str(condition(kube_json(cluster, "gpustack", STACK)["status"], "Ready").get("message", ""))
+
+
 def server_side(cluster: Any, verb: str, path: Path) -> Any:
     """`kubectl apply|diff --server-side` as a GitOps tool runs them: its own field manager, taking over
     fields another manager holds (so a diff shows what a sync would change, rather than a conflict)."""
@@ -91,6 +96,8 @@ def test_reconciled_example_shows_no_drift(
         assert stack["metadata"]["finalizers"], "the operator has handled it (its finalizer is there)"
         diff = server_side(cluster, "diff", path)
         assert diff.returncode == 0, f"drift after reconcile:\n{diff.stdout}{diff.stderr}"
+        # Argo CD's view of it, with the health check of docs/install.md.
+        assert health(kube_json(cluster, "gpustack", STACK)) == ("Healthy", stack_ready_message(cluster))
         # A second sync changes nothing either: the generation stays.
         again = server_side(cluster, "apply", path)
         assert again.returncode == 0, again.stderr

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ..argocd_health import health
 from .conftest import GPU, REPO, WebhookProcess, kubectl, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -64,6 +65,8 @@ def test_reconciled_quota_tree_shows_no_drift(dev_cluster: Any, quota_webhook: W
         generations = {n: quota(dev_cluster, n)["metadata"]["generation"] for n in names}
         diff = server_side(dev_cluster, "diff", TREE)
         assert diff.returncode == 0, f"drift after reconcile:\n{diff.stdout}{diff.stderr}"
+        # Argo CD's view of them, with the health check of docs/install.md.
+        assert {n: health(quota(dev_cluster, n))[0] for n in names} == dict.fromkeys(names, "Healthy")
         # The dry run charged nothing.
         assert quota(dev_cluster, "research-vision")["status"]["used"][GPU] == "2"
         again = server_side(dev_cluster, "apply", TREE)
