@@ -23,6 +23,9 @@ from gpuforge_lab.devcluster.chart import BASE_DIR, CHART_DIR, QUOTA_FILE
 from gpuforge_lab.devcluster.helm import ensure_helm
 from gpuforge_lab.devcluster.pools import Pool
 
+# Every test needs the local control plane's binaries (kubectl), the last one a running cluster.
+pytestmark = pytest.mark.cluster
+
 Key = tuple[str, str, str, str]
 
 
@@ -156,7 +159,6 @@ def exists(cluster: Any, *what: str) -> bool:
     return bool(cluster.kubectl("get", *what, check=False).returncode == 0)
 
 
-@pytest.mark.cluster
 def test_install_upgrade_uninstall(helm: Path, cluster: Any) -> None:
     """What docs/install.md tells a user to run: the release record in its own namespace, the objects
     where namespace.name says; quota off on upgrade removes the quota RBAC; uninstall keeps the CRD."""
