@@ -53,7 +53,7 @@ from typing import Any, Self
 
 import aiohttp
 from gpuforge_lab.devcluster.cluster import free_ports
-from gpuforge.k8s.quota import load_credentials
+from gpuforge.k8s.transport import ApiTransport
 from gpuforge_lab.workloads import gpu_deployment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,27 +75,18 @@ def deployment(name: str, quota: str) -> dict[str, Any]:
 
 class Cluster:
     def __init__(self, kubeconfig: Path) -> None:
-        self.credentials = load_credentials(kubeconfig)
+        self.transport = ApiTransport.from_kubeconfig(kubeconfig, timeout=300.0)
         self.kubeconfig = kubeconfig
-        self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Self:
-        self.session = aiohttp.ClientSession(
-            base_url=self.credentials.server.rstrip("/") + "/",
-            connector=aiohttp.TCPConnector(ssl=self.credentials.ssl_context, limit=64),
-            headers=dict(self.credentials.headers),
-        )
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        assert self.session is not None
-        await self.session.close()
+        await self.transport.close()
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        assert self.session is not None
-        async with self.session.request(method, path.lstrip("/"), json=body) as response:
-            text = await response.text()
-            return response.status, (json.loads(text) if text else None)
+        status, text = await self.transport.request(method, path, body=body)
+        return status, (json.loads(text) if text else None)
 
 
 async def timed_creates(
@@ -459,9 +450,7 @@ WORKLOADS_WEBHOOK = 'name="workloads.quota.gpuforge.io"'  # ours and the referen
 async def apiserver_calls(cluster: Cluster) -> dict[str, dict[str, float]]:
     """The API server's own histogram of its calls to the workloads webhook (sum, count, buckets),
     shaped as `replica_metrics` answers (one source, "apiserver") for `metric_delta` and the quantiles."""
-    assert cluster.session is not None
-    async with cluster.session.get("metrics") as response:
-        text = await response.text()
+    _, text = await cluster.transport.request("GET", "/metrics")
     values: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(WEBHOOK_SERIES) and WORKLOADS_WEBHOOK in line:

@@ -172,13 +172,8 @@ class ClusterCache:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        credentials = self._kube.credentials()
         self._source = HttpSource(
-            credentials.server,
-            credentials.ssl_context,
-            credentials.headers,
-            _resource_paths(None),
-            on_request=self._kube.count_request,
+            self._kube.transport, _resource_paths(None), on_request=self._kube.count_request
         )
         self._run(NODE, Informer(self._source, NODE, transform=without_managed_fields, indexes=NODE_INDEXES))
         self._run(

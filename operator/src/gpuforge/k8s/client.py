@@ -1,6 +1,6 @@
-"""The one place gpuforge talks to the Kubernetes API: a small typed wrapper over the official client.
+"""The operator's client of the Kubernetes API: typed calls over the shared transport (k8s.transport).
 
-Everything goes through `Kube._request` (raw REST with JSON bodies), which counts requests per verb and
+Everything goes through `Kube.request` (raw REST with JSON bodies), which counts requests per verb and
 resource for metrics and benchmarks. Writes use server-side apply under the field manager "gpuforge"
 with force, so drift is corrected and ownership of our fields is unambiguous.
 """
@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
-
-import kubernetes
+from urllib.parse import quote
 
 from gpuforge.api.cluster import NodeFacts, OperandPod
 from gpuforge.api.gpustack import PLURAL, GpuStack
@@ -34,7 +31,7 @@ from gpuforge.constants import (
     VERSION,
     is_gpu_resource,
 )
-from gpuforge.k8s.quota import Credentials
+from gpuforge.k8s.transport import ApiTransport, Credentials
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +141,12 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
 
 class Kube:
     def __init__(
-        self, api_client: Any, on_request: RequestHook | None = None, on_answer: AnswerHook | None = None
+        self,
+        transport: ApiTransport,
+        on_request: RequestHook | None = None,
+        on_answer: AnswerHook | None = None,
     ) -> None:
-        self._api = api_client
+        self.transport = transport
         self._on_request = on_request
         self._on_answer = on_answer
         self.requests: Counter[tuple[str, str]] = Counter()
@@ -161,22 +161,12 @@ class Kube:
         on_answer: AnswerHook | None = None,
     ) -> Kube:
         """Credentials from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster account."""
-        configuration = kubernetes.client.Configuration()
-        configuration.connection_pool_maxsize = 64  # the upgrade engine writes to many nodes side by side
-        try:
-            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
-            if kubeconfig:
-                raise
-            kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return cls(kubernetes.client.ApiClient(configuration), on_request, on_answer)
+        return cls(ApiTransport.from_kubeconfig(kubeconfig, timeout=60.0), on_request, on_answer)
 
     def connection_info(self) -> dict[str, Any]:
         """Server and credentials, as keyword arguments for kopf.ConnectionInfo."""
-        config = self._api.configuration
-        prefixed = config.get_api_key_with_prefix
-        header = prefixed("BearerToken") or prefixed("authorization")
-        scheme, _, token = (header or "").rpartition(" ")
+        config = self.transport.credentials.configuration
+        scheme, _, token = self.credentials().authorization().get("Authorization", "").rpartition(" ")
         return {
             "server": config.host,
             "ca_path": config.ssl_ca_cert,
@@ -189,17 +179,7 @@ class Kube:
 
     def credentials(self) -> Credentials:
         """The same server and credentials for aiohttp (the watch-fed cache runs on kopf's loop)."""
-        config = self._api.configuration
-        ssl_context: ssl.SSLContext | bool = False
-        if config.verify_ssl:
-            ssl_context = ssl.create_default_context(cafile=config.ssl_ca_cert)
-            if config.cert_file:
-                ssl_context.load_cert_chain(config.cert_file, config.key_file)
-        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
-            "authorization"
-        )
-        headers = {"Authorization": header} if header else {}
-        return Credentials(str(config.host), ssl_context, headers)
+        return self.transport.credentials
 
     # --- transport ---------------------------------------------------------------------------------
 
@@ -223,20 +203,18 @@ class Kube:
         no method for (the quota webhook's objects)."""
         verb, resource = rbac_verb(method, path), resource_of(path)
         self.count_request(verb, resource)
-        url = self._api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        self._api.update_params_for_auth(headers, None, ["BearerToken"], path, method, body)
         started = time.monotonic()
-        response = self._api.rest_client.request(method, url, headers=headers, body=body, _request_timeout=60)
-        data = response.read()
+        status, data = self.transport.request_sync(
+            method, path, query=query, body=body, content_type=content_type
+        )
         if self._on_answer is not None:
             self._on_answer(verb, resource, time.monotonic() - started)
-        if response.status >= 400:
+        if status >= 400:
             try:
                 message = json.loads(data).get("message", "")
             except ValueError:
                 message = data.decode(errors="replace")[:300]
-            raise ApiError(response.status, method, path, message)
+            raise ApiError(status, method, path, message)
         return json.loads(data) if data else None
 
     def list_objects(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:

@@ -5,8 +5,9 @@ the GpuStack operator (Nodes, Pods, ResourceSlices, ResourceClaims) and the GpuQ
 copy never replaces a newer one (our own write answers are `offer`ed, so a pass right after a write does
 not act on what it just changed), and a lock so a reconcile thread can read while the event loop writes.
 `Informer` runs on an asyncio loop: list, watch from the list's resourceVersion with bookmarks, resume
-after the server closes the stream, list again on 410 Gone, back off on errors. `HttpSource` is the
-aiohttp transport for arbitrary collections (the webhook's `QuotaApi` is another one).
+after the server closes the stream, list again on 410 Gone, back off on errors. `HttpSource` lists and
+watches arbitrary collections (the webhook's `QuotaApi` is another source); both go through the shared
+transport (k8s.transport).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-import aiohttp
+from gpuforge.k8s.transport import ApiError as ApiError
+from gpuforge.k8s.transport import ApiTransport, error_message, selectors
 
 log = logging.getLogger(__name__)
 
@@ -299,98 +300,26 @@ class Informer:
         return version
 
 
-class ApiError(Exception):
-    """An answer of the API server with an HTTP error status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-
-
-def selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
-    """The query parameters of a label and a field selector, where given."""
-    params = {}
-    if label_selector:
-        params["labelSelector"] = label_selector
-    if field_selector:
-        params["fieldSelector"] = field_selector
-    return params
-
-
-def error_message(text: str) -> str:
-    """The message of a Status the API server answered with, else the start of the body."""
-    try:
-        return str(json.loads(text).get("message", text))
-    except (ValueError, AttributeError):
-        return text[:500]
-
-
-async def watch_events(
-    session: aiohttp.ClientSession,
-    path: str,
-    resource_version: str,
-    label_selector: str | None = None,
-    timeout_seconds: int = 300,
-    field_selector: str | None = None,
-) -> AsyncIterator[Obj]:
-    """Watch events ({type, object}) of the collection at `path` from `resource_version`, with bookmarks,
-    until the server ends the stream."""
-    params = {
-        **selectors(label_selector, field_selector),
-        "watch": "1",
-        "resourceVersion": resource_version,
-        "allowWatchBookmarks": "true",
-        "timeoutSeconds": str(timeout_seconds),
-    }
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
-    async with session.get(path.lstrip("/"), params=params, timeout=timeout) as response:
-        if response.status >= 400:
-            raise ApiError(response.status, error_message(await response.text()))
-        # An event can be longer than aiohttp's line limit (64 KiB; a Node is tens of kB, a workload with a
-        # large pod template or a quota with many reservations more): split the stream ourselves.
-        buffer = b""
-        async for chunk in response.content.iter_any():
-            *lines, buffer = (buffer + chunk).split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
-
-
 class HttpSource:
-    """List and watch collections over aiohttp (on the caller's event loop). `paths` maps a kind to its
-    collection path, e.g. {"Node": "/api/v1/nodes"}; lists are read in pages of `page_size`."""
+    """List and watch collections through the shared transport (on the caller's event loop). `paths` maps
+    a kind to its collection path, e.g. {"Node": "/api/v1/nodes"}; lists are read in pages of
+    `page_size`."""
 
     def __init__(
         self,
-        server: str,
-        ssl_context: ssl.SSLContext | bool,
-        headers: Mapping[str, str],
+        transport: ApiTransport,
         paths: Mapping[str, str],
         *,
         on_request: RequestHook | None = None,
         page_size: int = 500,
     ) -> None:
-        self.server = server.rstrip("/") + "/"
-        self.ssl_context = ssl_context
-        self.headers = {**headers, "Accept": "application/json"}
+        self.transport = transport
         self.paths = dict(paths)
         self.on_request = on_request
         self.page_size = page_size
-        self._session: aiohttp.ClientSession | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                base_url=self.server,
-                connector=aiohttp.TCPConnector(ssl=self.ssl_context, limit=16),
-                headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=60),
-            )
-        return self._session
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self.transport.close()
 
     def _count(self, verb: str, kind: str) -> None:
         if self.on_request is not None:
@@ -409,10 +338,9 @@ class HttpSource:
         items: list[Obj] = []
         while True:
             self._count("list", kind)
-            async with self._http().get(self.paths[kind].lstrip("/"), params=params) as response:
-                text = await response.text()
-                if response.status >= 400:
-                    raise ApiError(response.status, error_message(text))
+            status, text = await self.transport.request("GET", self.paths[kind], params=params)
+            if status >= 400:
+                raise ApiError(status, error_message(text))
             page = json.loads(text)
             items.extend(page.get("items") or [])
             metadata = page.get("metadata") or {}
@@ -429,7 +357,7 @@ class HttpSource:
         field_selector: str | None = None,
     ) -> AsyncIterator[Obj]:
         self._count("watch", kind)
-        async for event in watch_events(
-            self._http(), self.paths[kind], resource_version, label_selector, timeout_seconds, field_selector
+        async for event in self.transport.watch(
+            self.paths[kind], resource_version, label_selector, timeout_seconds, field_selector
         ):
             yield event

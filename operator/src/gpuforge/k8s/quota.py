@@ -3,7 +3,7 @@
 Reads GpuQuotas and workloads, replaces GpuQuota status with a resourceVersion precondition (a 409 is
 raised as `Conflict` so the caller decides again from a fresh read), lists and watches workloads,
 records Events and (for `gpuforge webhook run --register`) creates and deletes the webhook's own
-ValidatingWebhookConfigurations. Credentials come from a kubeconfig via the official client's loader.
+ValidatingWebhookConfigurations. Requests go through the shared transport (k8s.transport).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,20 +24,20 @@ from gpuforge.api.gpuquota import API_VERSION as QUOTA_API_VERSION
 from gpuforge.api.gpuquota import KIND as QUOTA_KIND
 from gpuforge.api.gpuquota import PLURAL as QUOTA_PLURAL
 from gpuforge.constants import FIELD_MANAGER
-from gpuforge.k8s.informer import (
+from gpuforge.k8s.informer import ChangeHandler, Informer, without_managed_fields
+from gpuforge.k8s.transport import (
     ApiError,
-    ChangeHandler,
-    Informer,
+    ApiTransport,
+    Credentials,
     error_message,
+    load_credentials,
     selectors,
-    watch_events,
-    without_managed_fields,
 )
 
 log = logging.getLogger(__name__)
 
-# A 429 is retried this many times (see QuotaApi._request).
-_RETRIES_ON_429 = 5
+# A 429 is retried this many times (see ApiTransport.retries_on_429).
+RETRIES_ON_429 = 5
 
 
 class Conflict(ApiError):
@@ -79,85 +78,19 @@ RESOURCES: Final[dict[str, Resource]] = {
 }
 
 
-@dataclass(frozen=True)
-class Credentials:
-    server: str
-    ssl_context: ssl.SSLContext | bool
-    headers: Mapping[str, str]
-
-
-def load_credentials(kubeconfig: Path | None = None, context: str | None = None) -> Credentials:
-    """Read a kubeconfig (or the in-cluster service account) with the official client's loader."""
-    from kubernetes import client, config  # the loader knows every kubeconfig auth flavour
-
-    configuration = client.Configuration()
-    try:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig) if kubeconfig else None,
-            context=context,
-            client_configuration=configuration,
-        )
-    except config.ConfigException:
-        if kubeconfig is not None:
-            raise
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    ssl_context: ssl.SSLContext | bool
-    if configuration.verify_ssl:
-        ssl_context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-    else:
-        ssl_context = False
-    if configuration.cert_file and isinstance(ssl_context, ssl.SSLContext):
-        ssl_context.load_cert_chain(configuration.cert_file, configuration.key_file)
-    header = authorization_header(configuration)
-    return Credentials(str(configuration.host), ssl_context, {"Authorization": header} if header else {})
-
-
-def authorization_header(configuration: Any) -> str:
-    """The Authorization value of a loaded client configuration, with exactly one scheme.
-
-    A kubeconfig token arrives bare under `authorization` (its scheme, if any, in `api_key_prefix`); the
-    in-cluster loader stores the service-account token as "bearer <token>" under `BearerToken`. The
-    scheme is matched without regard to case, as the API server does."""
-    for key in ("authorization", "BearerToken"):
-        value = str(configuration.api_key.get(key) or "").strip()
-        if not value:
-            continue
-        scheme, _, rest = value.partition(" ")
-        if rest and scheme.lower() == "bearer":
-            return f"Bearer {rest.strip()}"
-        if rest:  # another scheme (Basic, ...): as configured
-            return value
-        return f"{configuration.api_key_prefix.get(key) or 'Bearer'} {value}"
-    return ""
-
-
 class QuotaApi:
     """The calls the quota webhook and controller make. One aiohttp session, many concurrent requests."""
 
     def __init__(self, credentials: Credentials, *, request_timeout: float = 10.0) -> None:
-        self._credentials = credentials
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
-        self._session: aiohttp.ClientSession | None = None
+        self.transport = ApiTransport(credentials, timeout=request_timeout, retries_on_429=RETRIES_ON_429)
         self._resource_api: str | None = None
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path | None = None, context: str | None = None) -> QuotaApi:
         return cls(load_credentials(kubeconfig, context))
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._credentials.ssl_context, limit=64)
-            self._session = aiohttp.ClientSession(
-                base_url=self._credentials.server.rstrip("/") + "/",
-                connector=connector,
-                headers={**self._credentials.headers, "Accept": "application/json"},
-                timeout=self._timeout,
-            )
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self.transport.close()
 
     async def __aenter__(self) -> QuotaApi:
         return self
@@ -174,31 +107,19 @@ class QuotaApi:
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
-        """JSON result, or None on 404. Raises Conflict on 409 and ApiError on other failures.
-
-        A 429 (API priority and fairness, or a resource whose storage is still initializing, e.g. right after
-        its CRD was created) is retried a few times after the server's Retry-After, as client-go does."""
-        data = json.dumps(body) if body is not None else None
-        headers = {"Content-Type": content_type} if data is not None else None
-        for attempt in range(_RETRIES_ON_429 + 1):
-            async with self._http().request(
-                method, path.lstrip("/"), data=data, params=params, headers=headers
-            ) as response:
-                if response.status == 404:
-                    return None
-                text = await response.text()
-                if response.status == 429 and attempt < _RETRIES_ON_429:
-                    retry_after = response.headers.get("Retry-After", "1")
-                    delay = float(retry_after) if retry_after.isdigit() else 1.0
-                    await asyncio.sleep(min(delay, 5.0))
-                    continue
-                if response.status == 409:
-                    raise Conflict(409, error_message(text))
-                if response.status >= 400:
-                    raise ApiError(response.status, error_message(text))
-                result: dict[str, Any] = json.loads(text) if text else {}
-                return result
-        raise AssertionError("unreachable")
+        """JSON result, or None on 404. Raises Conflict on 409 and ApiError on other failures (a 429
+        after the transport's retries)."""
+        status, text = await self.transport.request(
+            method, path, body=body, params=params, content_type=content_type
+        )
+        if status == 404:
+            return None
+        if status == 409:
+            raise Conflict(409, error_message(text))
+        if status >= 400:
+            raise ApiError(status, error_message(text))
+        result: dict[str, Any] = json.loads(text) if text else {}
+        return result
 
     async def may(self, user_info: Mapping[str, Any], attributes: Mapping[str, str]) -> bool:
         """Whether the user an AdmissionRequest's userInfo describes may do what `attributes` (a
@@ -307,8 +228,7 @@ class QuotaApi:
         field_selector: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Watch events ({type, object}) from `resource_version` until the server ends the stream."""
-        async for event in watch_events(
-            self._http(),
+        async for event in self.transport.watch(
             RESOURCES[kind].path(),
             resource_version,
             label_selector,

@@ -16,11 +16,8 @@ pytestmark = pytest.mark.cluster
 
 
 def _source(kube: Kube, paths: dict[str, str], requests: list[tuple[str, str]]) -> HttpSource:
-    credentials = kube.credentials()
     return HttpSource(
-        credentials.server,
-        credentials.ssl_context,
-        credentials.headers,
+        kube.transport,
         paths,
         on_request=lambda verb, resource: requests.append((verb, resource)),
         page_size=2,  # several pages even for a few objects: the continue token is followed
