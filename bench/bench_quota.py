@@ -25,9 +25,9 @@ webhook on this machine under this load generator: a target the floor misses can
 webhook.
 
 The webhook runs as production runs it: two replicas (separate processes) electing a leader through a
-Lease, behind one address, TLS on, the API server calling it, the calls routed to the leader
-(`--route=shared-port`: replicas share the port with SO_REUSEPORT and only the one taking calls listens
-on it, as the operator's Service selects the leader's pod; each has its own port for forwarding).
+Lease, behind one address, TLS on, the API server calling it, the calls routed to the leader (the
+replicas share the port with SO_REUSEPORT and only the one taking calls listens on it, as the operator's
+Service selects the leader's pod: see REPLICA; each has its own port for forwarding).
 
 Usage: python bench/bench_quota.py --out bench/results/quota.json [--kubeconfig FILE]
 Without --kubeconfig a local control plane is started in a temporary state root and stopped.
@@ -185,19 +185,42 @@ async def direct_admissions(
     return latencies
 
 
+# One replica. The replicas share `port` on this host instead of a Service: a replica listens on it
+# (SO_REUSEPORT, the kernel spreading connections over the listeners as a Service over pods) only while
+# routing says it takes calls, as the pod label does in a cluster; each serves its own `peer_port`,
+# where the followers forward to it.
 REPLICA = """
 import asyncio, logging, sys
+from dataclasses import dataclass
 from pathlib import Path
+from aiohttp import web
 from gpuforge.webhook.run import WebhookOptions, run_until_signalled
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 port, peer_port, kubeconfig, work = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 register, lease = sys.argv[5] == "1", sys.argv[6]
+
+@dataclass
+class SharedPort:
+    served: object
+    reloader: object
+    site: object = None
+
+    async def set(self, takes):
+        if takes and self.site is None:
+            site = web.TCPSite(self.served.runner, "127.0.0.1", port, ssl_context=self.reloader.context,
+                               backlog=512, reuse_port=True)
+            await site.start()
+            self.site = site
+        elif not takes and self.site is not None:
+            site, self.site = self.site, None
+            await site.stop()  # stops accepting; open connections close after their next answer
+
 asyncio.run(run_until_signalled(WebhookOptions(
-    port=port, peer_port=peer_port, kubeconfig=kubeconfig, register=register, leader_elect=True,
+    port=peer_port, kubeconfig=kubeconfig, register=register, leader_elect=True,
     name="gpuforge-quota-bench", lease_name=lease,
-    cert_file=work / "tls.crt", key_file=work / "tls.key", ca_file=work / "ca.crt", route="shared-port",
-)))
+    cert_file=work / "tls.crt", key_file=work / "tls.key", ca_file=work / "ca.crt",
+), endpoint=SharedPort))
 """
 
 

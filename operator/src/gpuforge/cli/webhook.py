@@ -96,19 +96,13 @@ def webhook() -> None:
     help="Address followers forward to (default: $POD_IP, else --host).",
 )
 @click.option(
-    "--peer-port",
-    type=int,
-    help="Also serve on this port, and have followers forward there (replicas sharing one address).",
-)
-@click.option(
     "--route",
-    type=click.Choice(["none", "pod-label", "shared-port"]),
+    type=click.Choice(["none", "pod-label"]),
     default="none",
     show_default=True,
     help="Send the API server's calls to the leader only (with election): pod-label (in a cluster: each "
-    "replica labels its pod gpuforge.io/quota-webhook-endpoint, which the Service selects; needs $POD_NAME), "
-    "shared-port (replicas on one host sharing --port: only the leader listens on it). Followers still "
-    "forward whatever reaches them.",
+    "replica labels its pod gpuforge.io/quota-webhook-endpoint, which the Service selects; needs $POD_NAME). "
+    "Followers still forward whatever reaches them.",
 )
 @click.option("--crd", "crd_file", type=click.Path(exists=True, path_type=Path), help="Apply this CRD first.")
 @click.option("-v", "--verbose", is_flag=True)

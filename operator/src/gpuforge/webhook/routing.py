@@ -8,13 +8,12 @@ A follower also closes each connection it answers on (`Connection: close`), so t
 call opens a new connection, which reaches the leader. Whatever still reaches a follower is forwarded
 as before: routing never decides who admits.
 
-Two ways to be (or stop being) an endpoint:
-- `PodLabel` (in a cluster): the replica labels its own pod `gpuforge.io/quota-webhook-endpoint` true or
-  false; the webhook's Service selects `true` (the pod template starts every replica as `true`, so a
-  replica that has not decided yet, or an older version during an upgrade, still takes calls). As
-  CloudNativePG routes its read-write Service to the primary.
-- `SharedPort` (replicas on one host sharing a port, as the benchmark runs them): the replica listens on
-  the shared port (SO_REUSEPORT) only while it is an endpoint.
+How a replica becomes (or stops being) an endpoint: `PodLabel`, the replica labels its own pod
+`gpuforge.io/quota-webhook-endpoint` true or false and the webhook's Service selects `true` (the pod
+template starts every replica as `true`, so a replica that has not decided yet, or an older version
+during an upgrade, still takes calls), as CloudNativePG routes its read-write Service to the primary.
+`Endpoint` is the seam: the benchmark, whose replicas share one port on one host instead of a Service,
+brings its own (bench/bench_quota.py).
 """
 
 from __future__ import annotations
@@ -22,12 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import aiohttp
-from aiohttp import web
 
 from gpuforge.constants import QUOTA_WEBHOOK_ENDPOINT_LABEL
 from gpuforge.k8s.quota import ApiError, QuotaApi
@@ -35,11 +32,10 @@ from gpuforge.quota.leader import takes_calls
 from gpuforge.webhook import metrics
 from gpuforge.webhook.leader import LeaderElector
 from gpuforge.webhook.leadership import Leadership
-from gpuforge.webhook.server import tls_site
 
 log = logging.getLogger(__name__)
 
-RouteMode = Literal["none", "pod-label", "shared-port"]
+RouteMode = Literal["none", "pod-label"]
 
 
 class Endpoint(Protocol):
@@ -56,24 +52,6 @@ class PodLabel:
     async def set(self, takes: bool) -> None:
         value = "true" if takes else "false"
         await self.api.label_pod(self.namespace, self.pod, QUOTA_WEBHOOK_ENDPOINT_LABEL, value)
-
-
-@dataclass
-class SharedPort:
-    runner: web.AppRunner
-    host: str
-    port: int
-    context: ssl.SSLContext
-    _site: web.TCPSite | None = None
-
-    async def set(self, takes: bool) -> None:
-        if takes and self._site is None:
-            site = tls_site(self.runner, self.host, self.port, self.context, reuse_port=True)
-            await site.start()
-            self._site = site
-        elif not takes and self._site is not None:
-            site, self._site = self._site, None
-            await site.stop()  # stops accepting; open connections close after their next answer
 
 
 @dataclass

@@ -21,7 +21,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,8 +39,8 @@ from gpuforge.webhook.forward import Forwarder
 from gpuforge.webhook.leader import LeaderElector, default_identity, default_namespace
 from gpuforge.webhook.leadership import Leadership
 from gpuforge.webhook.manifests import ClientTarget, FailurePolicy, render_webhook_configurations
-from gpuforge.webhook.routing import Endpoint, PodLabel, RouteMode, Router, SharedPort
-from gpuforge.webhook.server import CertReloader, make_app, serving
+from gpuforge.webhook.routing import Endpoint, PodLabel, RouteMode, Router
+from gpuforge.webhook.server import CertReloader, Served, make_app, serving
 from gpuforge.webhook.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,6 @@ class WebhookOptions:
     speedup: float = 1.0
     cert_check_seconds: float = 5.0
     crd_file: Path | None = None
-    reuse_port: bool = False  # several replicas on one host share the port (benchmark)
     # Replicas elect one leader through a Lease (None: elect unless --register, which serves one process).
     leader_elect: bool | None = None
     lease_namespace: str | None = None  # default: the pod's namespace, `default` outside a cluster
@@ -77,15 +76,12 @@ class WebhookOptions:
     lease_seconds: float = 15.0
     # How long the API server may take to store an object after this webhook admitted it.
     persist_seconds: float = 5.0
-    # Where followers reach this replica: https://<advertise_host>:<peer_port or port>. Default host: the
-    # pod's IP ($POD_IP), else the serving host.
+    # Where followers reach this replica: https://<advertise_host>:<port>. Default host: the pod's IP
+    # ($POD_IP), else the serving host.
     advertise_host: str | None = None
-    # An extra port serving the same endpoints (replicas sharing one address, as the benchmark runs
-    # them, each need their own for forwarding).
-    peer_port: int | None = None
     # How the API server's calls reach the leader only (webhook.routing): "pod-label" (in a cluster: the
-    # Service selects the label; needs $POD_NAME), "shared-port" (replicas on one host sharing `port`),
-    # or "none" (every replica takes calls; followers forward). Only with leader election.
+    # Service selects the label; needs $POD_NAME) or "none" (every replica takes calls; followers
+    # forward). Only with leader election.
     route: RouteMode = "none"
 
 
@@ -124,10 +120,18 @@ def advertised_host(options: WebhookOptions) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+# How a replica joins the webhook's address, given what it serves: the default is its pod's label
+# (`--route=pod-label`); the benchmark, whose replicas share a port on one host, passes its own.
+EndpointFactory = Callable[[Served, CertReloader], Endpoint]
+
+
 @contextlib.asynccontextmanager
-async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> AsyncIterator[RunningWebhook]:
+async def running_webhook(
+    options: WebhookOptions, clock: Clock = utc_now, endpoint: EndpointFactory | None = None
+) -> AsyncIterator[RunningWebhook]:
     """Serve, lead or follow, reconcile and (optionally) register until the block exits; then hand over
-    (stop admitting, write what the ledger holds, release the Lease) and unregister."""
+    (stop admitting, write what the ledger holds, release the Lease) and unregister. With `endpoint`,
+    calls are routed to the leader through it, whatever `options.route` says."""
     api = QuotaApi.from_kubeconfig(options.kubeconfig)
     with tempfile.TemporaryDirectory(prefix="gpuforge-webhook-") as scratch:
         ca_file = options.ca_file
@@ -199,9 +203,7 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
             if elector is not None
             else None
         )
-        route = options.route if elector is not None else "none"
-        if route == "shared-port" and (options.port == 0 or options.peer_port is None):
-            raise ValueError("shared-port routing needs a fixed --port and a --peer-port to forward on")
+        route = options.route if elector is not None and endpoint is None else "none"
         pod = _pod_name() if route == "pod-label" else ""
         router: Router | None = None
         registered: list[str] = []
@@ -209,16 +211,8 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
         try:
             if options.crd_file is not None:
                 await apply_crd(api, options.crd_file)
-            ports = [options.port] + ([options.peer_port] if options.peer_port is not None else [])
             app = make_app(handlers, forwarder, lambda: router is not None and router.sheds_connections())
-            async with serving(
-                app,
-                options.host,
-                ports,
-                reloader,
-                options.reuse_port or route == "shared-port",
-                defer_first=route == "shared-port",
-            ) as served:
+            async with serving(app, options.host, [options.port], reloader) as served:
                 bound = served.ports
                 url = f"https://{options.host}:{bound[0]}"
                 if options.register:
@@ -235,14 +229,16 @@ async def running_webhook(options: WebhookOptions, clock: Clock = utc_now) -> As
                 tasks.append(asyncio.create_task(writer.run()))
                 tasks.append(asyncio.create_task(controller.run()))
                 if elector is not None:
-                    elector.endpoint = f"https://{advertised_host(options)}:{bound[-1]}"
-                    if route != "none":
-                        endpoint: Endpoint = (
-                            SharedPort(served.runner, options.host, options.port, reloader.context)
-                            if route == "shared-port"
-                            else PodLabel(api, default_namespace(), pod)
-                        )
-                        router = Router(endpoint, leadership, elector)
+                    elector.endpoint = f"https://{advertised_host(options)}:{bound[0]}"
+                    joins: Endpoint | None = (
+                        endpoint(served, reloader)
+                        if endpoint is not None
+                        else PodLabel(api, default_namespace(), pod)
+                        if route == "pod-label"
+                        else None
+                    )
+                    if joins is not None:
+                        router = Router(joins, leadership, elector)
                         elector.routed = router.routed
                         tasks.append(asyncio.create_task(router.run()))
                     tasks.append(asyncio.create_task(elector.run()))
@@ -292,12 +288,12 @@ async def _hand_over(leadership: Leadership, writer: WriteBehind, elector: Leade
         log.warning("stopping with admissions not written: the next leader waits for the Lease to expire")
 
 
-async def run_until_signalled(options: WebhookOptions) -> None:
+async def run_until_signalled(options: WebhookOptions, endpoint: EndpointFactory | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    async with running_webhook(options) as webhook:
+    async with running_webhook(options, endpoint=endpoint) as webhook:
         metrics.time_gc_pauses()
         gc.freeze()  # what start-up made (modules, clients, certificates) stays: see _settle_heap
         webhook.controller.freeze_gc = True

@@ -197,37 +197,24 @@ def _stat(path: Path) -> tuple[int, int, int]:
 @dataclass
 class Served:
     ports: list[int]  # as bound (a port given as 0 is the one picked)
-    runner: web.AppRunner  # to add a site later (webhook.routing.SharedPort)
+    runner: web.AppRunner  # to add a site later
 
 
-def tls_site(
-    runner: web.AppRunner, host: str, port: int, context: ssl.SSLContext, reuse_port: bool = False
-) -> web.TCPSite:
-    """One HTTPS listener of the webhook (`reuse_port`: shared with other replicas on this host)."""
-    return web.TCPSite(runner, host, port, ssl_context=context, backlog=512, reuse_port=reuse_port or None)
+def tls_site(runner: web.AppRunner, host: str, port: int, context: ssl.SSLContext) -> web.TCPSite:
+    """One HTTPS listener of the webhook."""
+    return web.TCPSite(runner, host, port, ssl_context=context, backlog=512)
 
 
 @contextlib.asynccontextmanager
 async def serving(
-    app: web.Application,
-    host: str,
-    ports: Sequence[int],
-    reloader: CertReloader,
-    reuse_port: bool = False,
-    defer_first: bool = False,
+    app: web.Application, host: str, ports: Sequence[int], reloader: CertReloader
 ) -> AsyncIterator[Served]:
-    """Serve `app` over TLS on each of `ports` until the block exits (0 picks a free port).
-
-    `reuse_port` lets several replicas on one host share the first port, the kernel spreading connections
-    over them as a Service does over pods (the benchmark runs two replicas that way). With `defer_first`
-    the first port is not bound here: routing binds it while this replica takes calls."""
+    """Serve `app` over TLS on each of `ports` until the block exits (0 picks a free port)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    bound: list[int] = [ports[0]] if defer_first else []
-    for index, port in enumerate(ports):
-        if defer_first and index == 0:
-            continue
-        site = tls_site(runner, host, port, reloader.context, reuse_port and index == 0)
+    bound: list[int] = []
+    for port in ports:
+        site = tls_site(runner, host, port, reloader.context)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
