@@ -82,11 +82,7 @@ def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
 
 def cache_dir() -> Path:
     """Beside the control-plane build: under GPUFORGE_CACHE, else $XDG_CACHE_HOME/gpuforge or ~/.cache."""
-    explicit = os.environ.get("GPUFORGE_CACHE")
-    if explicit:
-        return Path(explicit) / "ansible"
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "gpuforge" / "ansible"
+    return real_ctk.cache_root()
 
 
 def image_version(os_name: str = DEFAULT_OS) -> str:

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpuforge_lab.devcluster.build import go_environment
+
 MODULE = "github.com/NVIDIA/nvidia-container-toolkit"
 VERSION = "1.18.1"
 GO = Path(os.environ.get("GPUFORGE_GO", "/usr/local/go/bin/go"))
@@ -53,16 +55,10 @@ def _sound(binary: Path, checksum: Path, version: str) -> bool:
 
 def _build(target: Path, version: str) -> None:
     root = cache_root()
-    env = dict(os.environ)
-    env.update(
-        GOMODCACHE=str(root / "go" / "mod"),
-        GOCACHE=str(root / "go" / "build"),
-        GOFLAGS="-mod=mod",
-        GOTOOLCHAIN="local",
-        # The checksum database is not reachable from here; the module's own go.sum pins its dependencies.
-        GOSUMDB="off",
-        CGO_ENABLED="1",
-    )
+    # The control-plane build's Go environment (module and build caches shared with it); the module's own
+    # go.sum pins the toolkit's dependencies.
+    env = go_environment()
+    env["CGO_ENABLED"] = "1"
     with tempfile.TemporaryDirectory(dir=root, prefix="nvidia-ctk-") as tmp:
         env["GOBIN"] = tmp
         # The version as NVIDIA's Makefile stamps it, so `nvidia-ctk --version` reports it.
