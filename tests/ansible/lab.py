@@ -32,7 +32,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import imitation_repo
 import real_ctk
+from gpuforge_lab.devcluster.image import debian_image
 
 # Bump when the image recipe changes; the cache key also covers the package list.
 IMAGE_RECIPE_VERSION = "3"
@@ -99,24 +99,7 @@ def _tarball(os_name: str) -> Path:
     return cache_dir() / f"gpuforge-node-{image_version(os_name)}.tar.zst"
 
 
-def _tarball_is_sound(path: Path) -> bool:
-    return path.is_file() and subprocess.run(["zstd", "-q", "-t", str(path)], check=False).returncode == 0
-
-
-def _debootstrap(rootfs: Path, suite: str) -> None:
-    mirror = os.environ.get("GPUFORGE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    log(f"debootstrap {suite} from {mirror} (about a minute)")
-    run(
-        [
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(IMAGE_PACKAGES)}",
-            suite,
-            str(rootfs),
-            mirror,
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+def _prepare_host(rootfs: Path) -> None:
     # Hosts must not reach the internet through apt: they only know the imitation repositories.
     (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
     shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
@@ -140,32 +123,17 @@ def _debootstrap(rootfs: Path, suite: str) -> None:
 
 def build_image(os_name: str = DEFAULT_OS, force: bool = False) -> str:
     """Return the podman image reference, building or importing it when missing or broken."""
-    ref = image_ref(os_name)
-    tarball = _tarball(os_name)
-    image_ok = subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0
-    if image_ok and not force:
-        return ref
-    if force or not _tarball_is_sound(tarball):
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix="rootfs-") as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            _debootstrap(rootfs, SUITES[os_name])
-            partial = tarball.with_suffix(".partial")
-            with partial.open("wb") as out:
-                tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-                run(["zstd", "-q", "-T2", "-3"], stdin=tar.stdout, stdout=out)
-                if tar.wait() != 0:
-                    raise SystemExit("lab: tar of the host rootfs failed")
-            partial.rename(tarball)
-        for stale in cache_dir().glob(f"gpuforge-node-{SUITES[os_name]}-*.tar.zst"):
-            if stale != tarball:
-                stale.unlink()
-    log(f"importing {tarball.name} as {ref}")
-    with tarball.open("rb") as src:
-        unzstd = subprocess.Popen(["zstd", "-q", "-d", "-c"], stdin=src, stdout=subprocess.PIPE)
-        run(["podman", "import", "--quiet", "-", ref], stdin=unzstd.stdout, stdout=subprocess.DEVNULL)
-        unzstd.wait()
-    return ref
+    suite = SUITES[os_name]
+    return debian_image(
+        image_ref(os_name),
+        _tarball(os_name),
+        suite,
+        IMAGE_PACKAGES,
+        _prepare_host,
+        log,
+        stale=f"gpuforge-node-{suite}-*.tar.zst",
+        force=force,
+    )
 
 
 # --- Simulated hardware -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,21 +108,58 @@ def _tarball_is_sound(path: Path) -> bool:
     return path.is_file() and subprocess.run(["zstd", "-q", "-t", str(path)], check=False).returncode == 0
 
 
-def _debootstrap(rootfs: Path, log: Log) -> None:
+def _debootstrap(rootfs: Path, suite: str, packages: Sequence[str], log: Log) -> None:
     mirror = os.environ.get("GPUFORGE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    log(f"debootstrap {BASE_SUITE} from {mirror} (a minute or two)")
+    log(f"debootstrap {suite} from {mirror} (a minute or two)")
     _run(
-        [
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(BASE_PACKAGES)}",
-            BASE_SUITE,
-            str(rootfs),
-            mirror,
-        ],
+        ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(rootfs), mirror],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+
+
+def debian_image(
+    ref: str,
+    tarball: Path,
+    suite: str,
+    packages: Sequence[str],
+    prepare: Callable[[Path], None],
+    log: Log,
+    *,
+    stale: str,
+    force: bool = False,
+) -> str:
+    """A Debian minbase root filesystem (debootstrap of `suite` with `packages`, then `prepare`d) as the
+    podman image `ref`, imported from the cached `tarball`, which is made again when missing or broken
+    (then the other tarballs beside it matching `stale` are removed). Shared by the operator's base
+    image and the Ansible lab's hosts."""
+    if not force and subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
+        return ref
+    if force or not _tarball_is_sound(tarball):
+        tarball.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=tarball.parent, prefix="rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            _debootstrap(rootfs, suite, packages, log)
+            prepare(rootfs)
+            partial = tarball.with_suffix(".partial")
+            with partial.open("wb") as out:
+                tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+                _run(["zstd", "-q", "-T2", "-3"], stdin=tar.stdout, stdout=out)
+                if tar.wait() != 0:
+                    raise ImageError(f"tar of the {suite} rootfs failed")
+            partial.rename(tarball)
+        for old in tarball.parent.glob(stale):
+            if old != tarball:
+                old.unlink()
+    log(f"importing {tarball.name} as {ref}")
+    with tarball.open("rb") as src:
+        unzstd = subprocess.Popen(["zstd", "-q", "-d", "-c"], stdin=src, stdout=subprocess.PIPE)
+        _run(["podman", "import", "--quiet", "-", ref], stdin=unzstd.stdout, stdout=subprocess.DEVNULL)
+        unzstd.wait()
+    return ref
+
+
+def _prepare_base(rootfs: Path) -> None:
     for pruned in BASE_PRUNED:
         shutil.rmtree(rootfs / pruned, ignore_errors=True)
     shutil.rmtree(rootfs / "var/cache/apt", ignore_errors=True)
@@ -137,31 +174,16 @@ def _debootstrap(rootfs: Path, log: Log) -> None:
 
 def ensure_base(log: Log = _stderr, force: bool = False) -> str:
     """The base image's reference: imported from the cached tarball, which is rebuilt if missing or broken."""
-    ref = base_ref()
-    if not force and subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
-        return ref
-    tarball = base_tarball()
-    if force or not _tarball_is_sound(tarball):
-        base_dir().mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=base_dir(), prefix="rootfs-") as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            _debootstrap(rootfs, log)
-            partial = tarball.with_suffix(".partial")
-            with partial.open("wb") as out:
-                tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-                _run(["zstd", "-q", "-T2", "-3"], stdin=tar.stdout, stdout=out)
-                if tar.wait() != 0:
-                    raise ImageError("tar of the base rootfs failed")
-            partial.rename(tarball)
-        for stale in base_dir().glob("gpuforge-base-*.tar.zst"):
-            if stale != tarball:
-                stale.unlink()
-    log(f"importing {tarball.name} as {ref}")
-    with tarball.open("rb") as src:
-        unzstd = subprocess.Popen(["zstd", "-q", "-d", "-c"], stdin=src, stdout=subprocess.PIPE)
-        _run(["podman", "import", "--quiet", "-", ref], stdin=unzstd.stdout, stdout=subprocess.DEVNULL)
-        unzstd.wait()
-    return ref
+    return debian_image(
+        base_ref(),
+        base_tarball(),
+        BASE_SUITE,
+        BASE_PACKAGES,
+        _prepare_base,
+        log,
+        stale="gpuforge-base-*.tar.zst",
+        force=force,
+    )
 
 
 # --- operator image ----------------------------------------------------------------------------------
