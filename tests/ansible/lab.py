@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import imitation_repo
 import real_ctk
 from gpuforge_lab.devcluster.image import debian_image
+from gpuforge_lab.devcluster.realnodes import remove_containers
 
 # Bump when the image recipe changes; the cache key also covers the package list.
 IMAGE_RECIPE_VERSION = "3"
@@ -451,14 +452,7 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
 
 def down(lab: str) -> None:
     """Remove the lab's containers and stop its repository server; idempotent."""
-    names = subprocess.run(
-        ["podman", "ps", "--all", "--quiet", "--filter", f"label={LAB_LABEL}={LAB_PREFIX}{lab}"],
-        check=False,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    if names:
-        subprocess.run(["podman", "rm", "--force", "--time", "0", *names], check=False, capture_output=True)
+    remove_containers(f"{LAB_LABEL}={LAB_PREFIX}{lab}")
     state = lab_state(lab)
     pid_file = state / "repo-server.pid"
     if pid_file.is_file():

@@ -320,16 +320,23 @@ def _wait_for_containerd(node: RealNode, timeout: float = 120) -> None:
     raise RealNodeError(f"containerd of {node.name} did not start (podman logs {node.container})")
 
 
-def remove_nodes(cluster: str) -> list[str]:
-    """Remove every real node host of the cluster; idempotent. Returns the removed container names."""
+def remove_containers(label: str) -> list[str]:
+    """Remove every podman container labelled `label` (key=value), running or not; idempotent. Returns
+    the removed container names. (The Ansible lab removes its hosts with it too.)"""
     names = subprocess.run(
-        ["podman", "ps", "--all", "--format", "{{.Names}}", "--filter", f"label={CLUSTER_LABEL}={cluster}"],
+        ["podman", "ps", "--all", "--format", "{{.Names}}", "--filter", f"label={label}"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout.split()
     if names:
         subprocess.run(["podman", "rm", "--force", "--time", "0", *names], capture_output=True, check=False)
+    return names
+
+
+def remove_nodes(cluster: str) -> list[str]:
+    """Remove every real node host of the cluster; idempotent. Returns the removed container names."""
+    names = remove_containers(f"{CLUSTER_LABEL}={cluster}")
     for name in names:
         # The bridge outlives the host: it lives in the machine's network namespace.
         subprocess.run(["ip", "link", "delete", bridge_name(name)], capture_output=True, check=False)
