@@ -392,18 +392,20 @@ class Kube:
 
     # --- events ----------------------------------------------------------------------------------------
 
-    def emit_node_event(self, node: str, kind: str, reason: str, message: str) -> None:
-        """A core/v1 Event on a Node (one per upgrade state change; `kubectl describe node` shows it)."""
+    def _post_event(
+        self, involved: Mapping[str, str], kind: str, reason: str, message: str, source: Mapping[str, str]
+    ) -> None:
+        """A core/v1 Event about `involved`; a failure is worth a log line, never a failed reconcile."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{node}.", "namespace": EVENTS_NAMESPACE},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": EVENTS_NAMESPACE},
+            "involvedObject": dict(involved),
             "type": kind,
             "reason": reason,
             "message": message[:1024],
-            "source": {"component": "gpuforge-operator", "host": node},
+            "source": dict(source),
             "reportingComponent": "gpuforge.io/operator",
             "reportingInstance": "gpuforge-operator",
             "firstTimestamp": now,
@@ -413,7 +415,14 @@ class Kube:
         try:
             self.request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
         except ApiError as err:
-            log.warning("could not post event %s on node %s: %s", reason, node, err)
+            log.warning(
+                "could not post event %s on %s %s: %s", reason, involved["kind"], involved["name"], err
+            )
+
+    def emit_node_event(self, node: str, kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on a Node (one per upgrade state change; `kubectl describe node` shows it)."""
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}
+        self._post_event(involved, kind, reason, message, {"component": "gpuforge-operator", "host": node})
 
     def emit_event(self, stack: GpuStack, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the GpuStack; the same reason and message are not repeated in a row."""
@@ -422,31 +431,13 @@ class Kube:
             if self._emitted.get(key) == message:
                 return
             self._emitted[key] = message
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{stack.name}.", "namespace": EVENTS_NAMESPACE},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "GpuStack",
-                "name": stack.name,
-                "uid": stack.uid,
-            },
-            "type": kind,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "gpuforge-operator"},
-            "reportingComponent": "gpuforge.io/operator",
-            "reportingInstance": "gpuforge-operator",
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+        involved = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GpuStack",
+            "name": stack.name,
+            "uid": stack.uid,
         }
-        try:
-            self.request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
-        except ApiError as err:  # an event is worth a log line, never a failed reconcile
-            log.warning("could not post event %s: %s", reason, err)
+        self._post_event(involved, kind, reason, message, {"component": "gpuforge-operator"})
 
 
 # --- API objects to typed facts (no I/O) -------------------------------------------------------------
