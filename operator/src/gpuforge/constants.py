@@ -61,6 +61,11 @@ def is_gpu_resource(name: str) -> bool:
 
 
 DRA_DRIVER_GPU: Final = "gpu.nvidia.com"
+# The driver name the compute-domain kubelet plugin publishes its devices under (DRA chart
+# deviceclass-compute-domain-*.yaml).
+# OpenShift's SecurityContextConstraints API; where it is served, operand ServiceAccounts are bound to SCCs.
+OPENSHIFT_SCC_GROUP: Final = "security.openshift.io"
+DRA_DRIVER_COMPUTE_DOMAIN: Final = "compute-domain.nvidia.com"
 DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins"
 
 # --- NVIDIA's GPU Operator ---------------------------------------------------------------------------

@@ -91,21 +91,26 @@ def judge(
     release: OperandRelease,
     node: NodeRuntime,
     config: Mapping[str, Any] | None,
+    by_container: Mapping[str, OperandRelease] | None = None,
 ) -> Verdict:
     """The first reason the release would exit on start, in the order the binary checks them (flag
-    parsing, config file, NVML init, MIG setup), or OK."""
+    parsing, config file, NVML init, MIG setup), or OK. `by_container`: containers that run another
+    binary (OperandContract.container_releases), judged by its contract instead of `release`'s."""
     spec = pod.get("spec") or {}
     containers: list[Mapping[str, Any]] = list(spec.get("containers") or [])
-    for container in containers:
+    others = by_container or {}
+    judged = [(c, others.get(str(c.get("name")), release)) for c in containers]
+    for container, binary in judged:
         present = _env_names(container)
-        for flag in release.required_flags:
-            if release.flag_env[flag] not in present:
-                return Verdict(False, release.error("missing_flag", flag=flag))
+        for flag in binary.required_flags:
+            if binary.flag_env[flag] not in present:
+                return Verdict(False, binary.error("missing_flag", flag=flag))
     minimum = release.min_time_slicing_replicas
     if minimum is not None and any(r < minimum for r in _time_slicing_replicas(config)):
         return Verdict(False, release.error("config_rejected", value=release.error("replicas_too_few")))
-    if release.needs_nvml and not all(_reaches_nvml(spec, c, release, node) for c in containers):
-        return Verdict(False, release.error("nvml_unavailable"))
+    for container, binary in judged:
+        if binary.needs_nvml and not _reaches_nvml(spec, container, binary, node):
+            return Verdict(False, binary.error("nvml_unavailable"))
     if release.mig_needs_sys_admin and node.mig_enabled:
         for container in containers:
             if _mig_strategy(container, config) != MIG_STRATEGY_NONE and not _adds_sys_admin(container):

@@ -18,7 +18,11 @@ from gpuforge.compat import UnknownRelease, parse_release
 DEVICE_PLUGIN = "device-plugin"
 DRA_KUBELET_PLUGIN = "dra-kubelet-plugin"
 DRA_CONTROLLER = "dra-controller"
-COMPONENTS = (DEVICE_PLUGIN, DRA_KUBELET_PLUGIN, DRA_CONTROLLER)
+# The compute-domain-kubelet-plugin binary: container `compute-domains` of the DRA kubelet plugin's pods.
+DRA_COMPUTE_DOMAIN_PLUGIN = "dra-compute-domain-plugin"
+COMPONENTS = (DEVICE_PLUGIN, DRA_KUBELET_PLUGIN, DRA_CONTROLLER, DRA_COMPUTE_DOMAIN_PLUGIN)
+# The DRA kubelet plugin pods' container running DRA_COMPUTE_DOMAIN_PLUGIN (chart kubeletplugin.yaml).
+COMPUTE_DOMAIN_CONTAINER = "compute-domains"
 DRIVER_ROOT_MOUNT = "/driver-root"
 
 
@@ -57,6 +61,8 @@ class OperandRelease:
     # dlopens libnvidia-ml from the host's driver root mounted at DRIVER_ROOT_MOUNT, not from what a
     # container runtime injects
     nvml_from_driver_root: bool = False
+    # wants the host's /dev at /host/dev
+    host_dev: bool = False
 
     @property
     def required_env(self) -> tuple[str, ...]:
@@ -67,9 +73,46 @@ class OperandRelease:
         return self.errors[kind].format(**values)
 
 
+Rule = Mapping[str, Any]  # a PolicyRule, as the chart writes it
+
+
+@dataclass(frozen=True)
+class ComputeDomainRbac:
+    kubelet_plugin: tuple[Rule, ...]
+    kubelet_plugin_namespaced: tuple[Rule, ...]
+    controller: tuple[Rule, ...]
+    controller_namespaced: tuple[Rule, ...]
+    daemon: tuple[Rule, ...]
+
+
+@dataclass(frozen=True)
+class ComputeDomains:
+    """What a DRA release's chart installs for ComputeDomains beside the controller Deployment."""
+
+    version: str
+    # package paths under gpuforge/render/crds/computedomains/
+    crds: tuple[str, ...]
+    rbac: ComputeDomainRbac
+    # SecurityContextConstraints bound where security.openshift.io is served; None: no binding
+    kubelet_plugin_scc: str | None
+    daemon_scc: str | None
+
+
 @dataclass(frozen=True)
 class OperandContract:
     releases: Mapping[tuple[str, str], OperandRelease]
+    compute_domain_sets: Mapping[str, ComputeDomains] = field(default_factory=dict)
+
+    def container_releases(self, release: OperandRelease) -> dict[str, OperandRelease]:
+        """Containers of `release`'s pods that run another binary, by name: the DRA kubelet plugin's
+        `compute-domains` container runs compute-domain-kubelet-plugin of the same release."""
+        if release.component != DRA_KUBELET_PLUGIN:
+            return {}
+        return {COMPUTE_DOMAIN_CONTAINER: self.release(DRA_COMPUTE_DOMAIN_PLUGIN, release.version)}
+
+    def compute_domains(self, dra_version: str) -> ComputeDomains:
+        """The ComputeDomain objects of DRA release `dra_version` (a patch shares its base's)."""
+        return self.compute_domain_sets[self.release(DRA_COMPUTE_DOMAIN_PLUGIN, dra_version).version]
 
     def versions(self, component: str) -> tuple[str, ...]:
         """In release order, oldest first (the DRA driver's v0.4.0 follows its v25.12.0)."""
@@ -128,6 +171,7 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             config_versions=tuple(dp["configVersions"]),
         )
     probes = data["draProbes"]
+    compute_domain_sets: dict[str, ComputeDomains] = {}
     for entry in data["draDriver"]:
         version = entry["version"]
         plugin, controller = entry["kubeletPlugin"], entry["controller"]
@@ -153,7 +197,36 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             flag_env=dict(controller["flagEnv"]),
             errors=errors,
         )
-    return OperandContract(releases)
+    for entry in data["computeDomains"]:
+        plugin, rbac, scc = entry["plugin"], entry["rbac"], entry["openshiftScc"]
+        for version in entry["releases"]:
+            releases[(DRA_COMPUTE_DOMAIN_PLUGIN, version)] = OperandRelease(
+                component=DRA_COMPUTE_DOMAIN_PLUGIN,
+                version=version,
+                required_flags=tuple(plugin["requiredFlags"]),
+                flag_env=dict(plugin["flagEnv"]),
+                health_port=plugin["healthPort"],
+                needs_nvml=True,
+                errors=errors,
+                startup_probe=_probe(plugin.get("startupProbe")),
+                liveness_probe=_probe(plugin.get("livenessProbe")),
+                nvml_from_driver_root=True,
+                host_dev=bool(plugin["hostDev"]),
+            )
+            compute_domain_sets[version] = ComputeDomains(
+                version=version,
+                crds=tuple(entry["crds"]),
+                rbac=ComputeDomainRbac(
+                    kubelet_plugin=tuple(rbac["kubeletPlugin"]),
+                    kubelet_plugin_namespaced=tuple(rbac["kubeletPluginNamespaced"]),
+                    controller=tuple(rbac["controller"]),
+                    controller_namespaced=tuple(rbac["controllerNamespaced"]),
+                    daemon=tuple(rbac["daemon"]),
+                ),
+                kubelet_plugin_scc=scc["kubeletPlugin"],
+                daemon_scc=scc["daemon"],
+            )
+    return OperandContract(releases, compute_domain_sets)
 
 
 @functools.cache

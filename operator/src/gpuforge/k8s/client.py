@@ -48,6 +48,9 @@ KINDS: Mapping[tuple[str, str], tuple[str, bool]] = {
     ("apps", "Deployment"): ("deployments", True),
     ("rbac.authorization.k8s.io", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io", "ClusterRoleBinding"): ("clusterrolebindings", False),
+    ("rbac.authorization.k8s.io", "Role"): ("roles", True),
+    ("rbac.authorization.k8s.io", "RoleBinding"): ("rolebindings", True),
+    ("apiextensions.k8s.io", "CustomResourceDefinition"): ("customresourcedefinitions", False),
     ("resource.k8s.io", "DeviceClass"): ("deviceclasses", False),
     ("node.k8s.io", "RuntimeClass"): ("runtimeclasses", False),
     ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"): ("validatingadmissionpolicies", False),
@@ -63,6 +66,7 @@ LIST_VERSIONS = {
     "rbac.authorization.k8s.io": "v1",
     "admissionregistration.k8s.io": "v1",
     "node.k8s.io": "v1",
+    "apiextensions.k8s.io": "v1",
 }
 RESOURCE_GROUP = "resource.k8s.io"
 EVENTS_NAMESPACE = "default"  # events about cluster-scoped objects live here, as kubectl expects

@@ -9,10 +9,12 @@ them: every object carries `app.kubernetes.io/managed-by: gpuforge`, `gpuforge.i
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 import jinja2
@@ -29,6 +31,7 @@ from gpuforge.api.gpustack import (
 from gpuforge.compat import Compat
 from gpuforge.compat.operands import (
     DEVICE_PLUGIN,
+    DRA_COMPUTE_DOMAIN_PLUGIN,
     DRA_KUBELET_PLUGIN,
     OperandContract,
     OperandRelease,
@@ -43,6 +46,7 @@ from gpuforge.constants import (
     DEPLOY_DEVICE_PLUGIN_LABEL,
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     DEVICE_PLUGIN_PATH,
+    DRA_DRIVER_COMPUTE_DOMAIN,
     DRA_DRIVER_GPU,
     GPU_RESOURCE,
     GROUP,
@@ -79,6 +83,20 @@ DEVICE_LIST_STRATEGY = ["cdi-annotations", "cdi-cri"]
 CDI_ROOT = "/var/run/cdi"
 
 _DEVICE_CLASS_TYPES = {DEVICE_CLASS_GPU: "gpu", DEVICE_CLASS_MIG: "mig", DEVICE_CLASS_VFIO: "vfio"}
+# The ComputeDomain DeviceClasses, as NVIDIA's DRA chart writes them
+# (templates/deviceclass-compute-domain-daemon.yaml, deviceclass-compute-domain-default-channel.yaml).
+_CD = f"device.attributes['{DRA_DRIVER_COMPUTE_DOMAIN}']"
+COMPUTE_DOMAIN_DEVICE_CLASSES = {
+    "compute-domain-daemon.nvidia.com": (
+        f"device.driver == '{DRA_DRIVER_COMPUTE_DOMAIN}' && {_CD}.type == 'daemon'"
+    ),
+    "compute-domain-default-channel.nvidia.com": (
+        f"device.driver == '{DRA_DRIVER_COMPUTE_DOMAIN}' && {_CD}.type == 'channel' && {_CD}.id == 0"
+    ),
+}
+# The ComputeDomain daemons' ServiceAccount: the controller's daemon pod template names it
+# (DRA templates/compute-domain-daemon.tmpl.yaml), so it cannot carry the stack's name.
+COMPUTE_DOMAIN_DAEMON_SERVICE_ACCOUNT = "compute-domain-daemon-service-account"
 
 
 class RenderError(ValueError):
@@ -98,6 +116,9 @@ class RenderInput:
     pinned: frozenset[tuple[Mode, str]] = frozenset()
     # What each release's binaries require of their pods (compat/operands.yaml).
     operands_contract: OperandContract = field(default_factory=load_operands)
+    # The cluster serves security.openshift.io (OpenShift): bind the operands' ServiceAccounts to the
+    # SecurityContextConstraints NVIDIA's charts bind them to.
+    openshift_scc: bool = False
 
 
 @functools.cache
@@ -169,6 +190,47 @@ def _mig_needs(release: OperandRelease, mig_strategy: str) -> tuple[bool, dict[s
     return release.mig_needs_sys_admin, dict(release.mig_env)
 
 
+@functools.cache
+def compute_domain_crd(path: str) -> Manifest:
+    """One of NVIDIA's ComputeDomain CRDs shipped in the package (render/crds/computedomains/<path>)."""
+    text = resources.files("gpuforge.render").joinpath("crds", "computedomains", path).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    if len(docs) != 1 or docs[0].get("kind") != "CustomResourceDefinition":
+        raise RenderError(f"crds/computedomains/{path}: not one CustomResourceDefinition")
+    crd: Manifest = docs[0]
+    return crd
+
+
+def _compute_domain_plugin(release: OperandRelease) -> dict[str, Any]:
+    """The `compute-domains` container of a kubelet plugin DaemonSet at `release`."""
+    return {
+        "health_port": release.health_port,
+        "startup_probe": _probe(release.startup_probe),
+        "liveness_probe": _probe(release.liveness_probe),
+        "host_dev": release.host_dev,
+    }
+
+
+def _compute_domains(inp: RenderInput) -> dict[str, Any]:
+    name, contract = inp.stack.name, inp.operands_contract.compute_domains(inp.stack.spec.dra.version)
+    crds = []
+    for path in contract.crds:
+        crd = copy.deepcopy(compute_domain_crd(path))
+        crd["metadata"].setdefault("labels", {})[COMPONENT_LABEL] = COMPONENT_DRA_CONTROLLER
+        crds.append(crd)
+    return {
+        "crds": crds,
+        "controller_rules": list(contract.rbac.controller),
+        "controller_namespaced_rules": list(contract.rbac.controller_namespaced),
+        "plugin_rules": list(contract.rbac.kubelet_plugin),
+        "plugin_namespaced_rules": list(contract.rbac.kubelet_plugin_namespaced),
+        "daemon_rules": list(contract.rbac.daemon),
+        "daemon_service_account": COMPUTE_DOMAIN_DAEMON_SERVICE_ACCOUNT,
+        "daemon_cluster_role": f"gpuforge:{name}:compute-domain-daemon",
+        "daemon_scc": contract.daemon_scc if inp.openshift_scc else None,
+    }
+
+
 def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> list[dict[str, Any]]:
     """The main DaemonSet of `mode` (deploy label "true") if it is an operand, plus one per pinned release."""
     main_version = (
@@ -190,6 +252,11 @@ def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> lis
         contract = inp.operands_contract.release(
             DEVICE_PLUGIN if mode is Mode.DEVICE_PLUGIN else DRA_KUBELET_PLUGIN, version
         )
+        compute_domains = (
+            _compute_domain_plugin(inp.operands_contract.release(DRA_COMPUTE_DOMAIN_PLUGIN, version))
+            if mode is Mode.DRA and _compute_domains_on(inp)
+            else None
+        )
         out.append(
             {
                 "name": name,
@@ -200,9 +267,16 @@ def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> lis
                 "health_port": contract.health_port,
                 "startup_probe": _probe(contract.startup_probe),
                 "liveness_probe": _probe(contract.liveness_probe),
+                "compute_domains": compute_domains,
             }
         )
     return out
+
+
+def _compute_domains_on(inp: RenderInput) -> bool:
+    return (
+        inp.stack.spec.dra.compute_domains and inp.compat.dra_release(inp.stack.spec.dra.version).controller
+    )
 
 
 def _context(inp: RenderInput) -> dict[str, Any]:
@@ -247,6 +321,13 @@ def _context(inp: RenderInput) -> dict[str, Any]:
                     "extended_resource_name": GPU_RESOURCE if maps and inp.dra_api_version == "v1" else None,
                 }
             )
+        compute_domains = _compute_domains(inp) if _compute_domains_on(inp) else None
+        if compute_domains is not None:
+            classes += [
+                {"name": class_name, "expression": expression, "extended_resource_name": None}
+                for class_name, expression in COMPUTE_DOMAIN_DEVICE_CLASSES.items()
+            ]
+        plugin_scc = inp.operands_contract.compute_domains(spec.dra.version).kubelet_plugin_scc
         dra = {
             "image": _image(spec.dra.image, release.image, spec.dra.version),
             "daemonsets": _daemonsets(inp, Mode.DRA, f"{name}-dra-kubelet-plugin", spec.dra.image),
@@ -254,7 +335,9 @@ def _context(inp: RenderInput) -> dict[str, Any]:
             "device_classes": classes,
             "admission_policy": release.admission_policy,
             "admission_policy_name": f"gpuforge-{name}-resourceslices",
-            "controller": release.controller and spec.dra.compute_domains,
+            "controller": compute_domains is not None,
+            "compute_domains": compute_domains,
+            "plugin_scc": plugin_scc if inp.openshift_scc else None,
             "service_account": f"{name}-dra-kubelet-plugin",
             "cluster_role": f"gpuforge:{name}:dra-kubelet-plugin",
         }

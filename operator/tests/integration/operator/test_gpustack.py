@@ -375,12 +375,17 @@ def _delegated(cluster: Any) -> set[tuple[str, str]]:
     from gpuforge.api.gpustack import GpuStack, GpuStackSpec, Mode
     from gpuforge.render.manifests import RenderInput, render
 
-    spec = from_dict(GpuStackSpec, {"mode": "dra", "dra": {"computeDomains": True}})
-    objects = render(RenderInput(GpuStack("x", spec), frozenset({Mode.DRA}), "v1", compat.load()))
+    facts = compat.load()
+    objects = []
+    for release in facts.dra_releases:  # the ComputeDomain rules differ per release; OpenShift adds SCCs
+        dra = {"version": release.version, "computeDomains": True}
+        spec = from_dict(GpuStackSpec, {"mode": "dra", "dra": dra})
+        stack = GpuStack("x", spec)
+        objects += render(RenderInput(stack, frozenset({Mode.DRA}), "v1", facts, openshift_scc=True))
     return {
         (verb, resource)
         for o in objects
-        if o["kind"] == "ClusterRole"
+        if o["kind"] in ("ClusterRole", "Role")
         for rule in o["rules"]
         for resource in rule["resources"]
         for verb in rule["verbs"]

@@ -13,7 +13,9 @@ import yaml
 from gpuforge.compat.conformance import NodeRuntime, judge
 from gpuforge.compat.operands import (
     COMPONENTS,
+    COMPUTE_DOMAIN_CONTAINER,
     DEVICE_PLUGIN,
+    DRA_COMPUTE_DOMAIN_PLUGIN,
     DRA_KUBELET_PLUGIN,
     OperandRelease,
     load_operands,
@@ -72,8 +74,8 @@ RUNTIME_NVML = [r for r in ALL_RELEASES if not r.nvml_from_driver_root]
 DRIVER_ROOT_NVML = [r for r in ALL_RELEASES if r.nvml_from_driver_root]
 
 
-def test_the_dra_kubelet_plugin_alone_loads_nvml_from_the_driver_root() -> None:
-    assert {r.component for r in DRIVER_ROOT_NVML} == {DRA_KUBELET_PLUGIN}
+def test_the_dra_kubelet_plugins_alone_load_nvml_from_the_driver_root() -> None:
+    assert {r.component for r in DRIVER_ROOT_NVML} == {DRA_KUBELET_PLUGIN, DRA_COMPUTE_DOMAIN_PLUGIN}
 
 
 @pytest.mark.parametrize("release", RUNTIME_NVML, ids=_ids)
@@ -220,5 +222,27 @@ def test_renders_from_before_the_contract_fail_like_the_release(
 @pytest.mark.parametrize("node", [PLAIN_NODE, MIG_NODE], ids=["plain", "mig"])
 def test_todays_renders_start(name: str, component: str, node: NodeRuntime) -> None:
     pod, config = _pod_of(GOLDEN / name, component)
-    verdict = judge(pod, _release_of(pod, component), node, config)
+    release = _release_of(pod, component)
+    verdict = judge(pod, release, node, config, CONTRACT.container_releases(release))
     assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize(
+    "golden", ["dra-compute-domains-mig.yaml", "dra-compute-domains-openshift-v25-3.yaml"]
+)
+@pytest.mark.parametrize("missing", ["NODE_NAME", "driver-root"])
+def test_a_compute_domains_container_its_release_would_not_start(golden: str, missing: str) -> None:
+    """The compute-domains container is judged by compute-domain-kubelet-plugin's own contract."""
+    pod, config = _pod_of(GOLDEN / golden, DRA_KUBELET_PLUGIN)
+    release = _release_of(pod, DRA_KUBELET_PLUGIN)
+    by_container = CONTRACT.container_releases(release)
+    assert by_container[COMPUTE_DOMAIN_CONTAINER].component == DRA_COMPUTE_DOMAIN_PLUGIN
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == COMPUTE_DOMAIN_CONTAINER)
+    if missing == "NODE_NAME":
+        container["env"] = [e for e in container["env"] if e["name"] != "NODE_NAME"]
+        expected = 'Required flag "node-name" not set'
+    else:
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "driver-root"]
+        expected = "failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND"
+    verdict = judge(pod, release, PLAIN_NODE, config, by_container)
+    assert (verdict.ok, verdict.message) == (False, expected)

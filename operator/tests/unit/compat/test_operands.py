@@ -7,6 +7,7 @@ import pytest
 from gpuforge import compat
 from gpuforge.compat.operands import (
     DEVICE_PLUGIN,
+    DRA_COMPUTE_DOMAIN_PLUGIN,
     DRA_CONTROLLER,
     DRA_KUBELET_PLUGIN,
     UnsupportedRelease,
@@ -23,6 +24,8 @@ def test_every_release_compat_serves_has_a_contract_and_nothing_else() -> None:
     dra_versions = tuple(r.version for r in FACTS.dra_releases)
     assert CONTRACT.versions(DRA_KUBELET_PLUGIN) == dra_versions
     assert CONTRACT.versions(DRA_CONTROLLER) == dra_versions
+    assert CONTRACT.versions(DRA_COMPUTE_DOMAIN_PLUGIN) == dra_versions
+    assert set(CONTRACT.compute_domain_sets) == set(dra_versions)
 
 
 @pytest.mark.parametrize(
@@ -38,6 +41,9 @@ def test_every_release_compat_serves_has_a_contract_and_nothing_else() -> None:
         (DRA_CONTROLLER, "v25.3.2", ("POD_NAME", "IMAGE_NAME"), None),
         (DRA_CONTROLLER, "v25.8.0", ("POD_NAME", "IMAGE_NAME", "LOG_VERBOSITY_CD_DAEMON"), None),
         (DRA_CONTROLLER, "v0.4.0", ("POD_NAME", "IMAGE_NAME", "LOG_VERBOSITY_CD_DAEMON"), None),
+        (DRA_COMPUTE_DOMAIN_PLUGIN, "v25.3.2", ("NODE_NAME",), None),
+        (DRA_COMPUTE_DOMAIN_PLUGIN, "v25.8.0", ("NODE_NAME",), 51515),
+        (DRA_COMPUTE_DOMAIN_PLUGIN, "v0.4.0", ("NODE_NAME",), 51515),
     ],
 )
 def test_required_env_and_health_server(
@@ -85,3 +91,26 @@ def test_rollbacks_across_checkpoint_formats(current: str, target: str, refused:
     assert (problem is not None) == refused
     if refused:
         assert problem is not None and "forward-only" in problem
+
+
+@pytest.mark.parametrize(
+    ("version", "crds", "cliques_rbac"),
+    [
+        ("v25.3.0", {"computedomains"}, False),
+        ("v25.8.0", {"computedomains"}, False),
+        ("v25.12.0", {"computedomains", "computedomaincliques"}, True),
+        ("v0.4.1", {"computedomains", "computedomaincliques"}, True),
+    ],
+)
+def test_compute_domain_crds_and_rbac_per_release(version: str, crds: set[str], cliques_rbac: bool) -> None:
+    """The ComputeDomainClique API and the rules for it arrive together, in v25.12."""
+    domains = CONTRACT.compute_domains(version)
+    assert {path.rpartition("_")[2].removesuffix(".yaml") for path in domains.crds} == crds
+    namespaced = domains.rbac.controller_namespaced + domains.rbac.kubelet_plugin_namespaced
+    assert any("computedomaincliques" in rule["resources"] for rule in namespaced) == cliques_rbac
+    assert domains.kubelet_plugin_scc == "privileged"
+
+
+def test_the_v25_3_compute_domain_plugin_wants_the_host_dev() -> None:
+    assert CONTRACT.release(DRA_COMPUTE_DOMAIN_PLUGIN, "v25.3.2").host_dev
+    assert not CONTRACT.release(DRA_COMPUTE_DOMAIN_PLUGIN, "v25.12.0").host_dev

@@ -57,13 +57,21 @@ CASES: dict[str, tuple[dict[str, Any], frozenset[Mode], str | None]] = {
         "v1",
     ),
     "switching-device-plugin-to-dra": ({"mode": "dra"}, frozenset({DP, DRA}), "v1"),
+    # v25.3.x: no ComputeDomainClique API, no health server, the host's /dev for the compute-domain plugin
+    "dra-compute-domains-openshift-v25-3": (
+        {"mode": "dra", "dra": {"version": "v25.3.2", "computeDomains": True}},
+        frozenset({DRA}),
+        "v1beta1",
+    ),
 }
+# Cases rendered for a cluster that serves security.openshift.io.
+OPENSHIFT_CASES = {"dra-compute-domains-openshift-v25-3"}
 
 
 def _render(name: str) -> list[dict[str, Any]]:
     spec, operands, api = CASES[name]
     stack = GpuStack("a100", from_dict(GpuStackSpec, spec, "spec"))
-    return render(RenderInput(stack, operands, api, compat.load()))
+    return render(RenderInput(stack, operands, api, compat.load(), openshift_scc=name in OPENSHIFT_CASES))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -165,3 +173,84 @@ def test_pinned_release_gets_its_own_daemonset() -> None:
     main = daemonsets["s-device-plugin"]["spec"]
     assert main["template"]["spec"]["nodeSelector"]["gpuforge.io/deploy.device-plugin"] == "true"
     assert main["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == "v0.18.0"
+
+
+# --- ComputeDomains ---------------------------------------------------------------------------------
+CD_CLASSES = {"compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com"}
+
+
+def _dra(version: str, compute_domains: bool, api: str | None = "v1", openshift: bool = False) -> list[Any]:
+    spec = {"mode": "dra", "dra": {"version": version, "computeDomains": compute_domains}}
+    stack = GpuStack("cd", from_dict(GpuStackSpec, spec, "spec"))
+    return render(RenderInput(stack, frozenset({DRA}), api, compat.load(), openshift_scc=openshift))
+
+
+def _named(objects: list[Any], kind: str) -> set[str]:
+    return {o["metadata"]["name"] for o in objects if o["kind"] == kind}
+
+
+@pytest.mark.parametrize(
+    ("version", "crds"),
+    [
+        ("v25.3.2", {"computedomains.resource.nvidia.com"}),
+        ("v25.8.0", {"computedomains.resource.nvidia.com"}),
+        ("v25.12.0", {"computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"}),
+        ("v0.4.1", {"computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"}),
+    ],
+)
+def test_compute_domains_bring_the_release_crds_classes_plugin_and_daemon_rbac(
+    version: str, crds: set[str]
+) -> None:
+    objects = _dra(version, True)
+    assert _named(objects, "CustomResourceDefinition") == crds
+    assert _named(objects, "DeviceClass") >= CD_CLASSES
+    assert "compute-domain-daemon-service-account" in _named(objects, "ServiceAccount")
+    assert "gpuforge:cd:compute-domain-daemon" in _named(objects, "ClusterRoleBinding")
+    plugin = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert [c["name"] for c in plugin["containers"]] == ["gpus", "compute-domains"]
+    assert _named(objects, "Deployment") == {"cd-dra-controller"}
+
+
+@pytest.mark.parametrize("api", ["v1", "v1beta2", "v1beta1"])
+def test_compute_domain_device_classes_in_every_served_version(api: str) -> None:
+    classes = [o for o in _dra("v25.12.0", True, api) if o["metadata"]["name"] in CD_CLASSES]
+    assert {c["apiVersion"] for c in classes} == {f"resource.k8s.io/{api}"}
+    assert all("extendedResourceName" not in c["spec"] for c in classes)
+
+
+def test_no_compute_domain_objects_when_off() -> None:
+    objects = _dra("v25.12.0", False)
+    assert not _named(objects, "CustomResourceDefinition")
+    assert not CD_CLASSES & _named(objects, "DeviceClass")
+    assert not _named(objects, "Deployment")
+    plugin = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert [c["name"] for c in plugin["containers"]] == ["gpus"]
+
+
+@pytest.mark.parametrize(
+    ("compute_domains", "bound"),
+    [
+        (False, {("cd-dra-kubelet-plugin", "privileged")}),
+        (
+            True,
+            {("cd-dra-kubelet-plugin", "privileged"), ("compute-domain-daemon-service-account", "anyuid")},
+        ),
+    ],
+)
+def test_openshift_binds_the_charts_scc(compute_domains: bool, bound: set[tuple[str, str]]) -> None:
+    objects = _dra("v25.12.0", compute_domains, openshift=True)
+    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
+    got = set()
+    for binding in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
+        rules = roles[binding["roleRef"]["name"]]["rules"]
+        for rule in rules:
+            if "securitycontextconstraints" in rule["resources"]:
+                assert rule["verbs"] == ["use"] and rule["apiGroups"] == ["security.openshift.io"]
+                got |= {(binding["subjects"][0]["name"], name) for name in rule["resourceNames"]}
+    assert got == bound
+
+
+def test_no_scc_objects_without_the_openshift_api() -> None:
+    objects = _dra("v25.12.0", True)
+    rules = [r for o in objects if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
+    assert not any("securitycontextconstraints" in r["resources"] for r in rules)

@@ -521,7 +521,13 @@ class Agent:
         verdict = (
             Verdict(ok=True)
             if release is None
-            else judge(pod, release, node_runtime(node), self._device_plugin_config(pod))
+            else judge(
+                pod,
+                release,
+                node_runtime(node),
+                self._device_plugin_config(pod),
+                load_operands().container_releases(release),
+            )
         )
         now = _now()
         if verdict.ok:
