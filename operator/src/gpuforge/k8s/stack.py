@@ -28,6 +28,7 @@ from gpuforge.constants import (
     COMPONENT_DRA_KUBELET_PLUGIN,
     COMPONENT_LABEL,
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    OPENSHIFT_SCC_GROUP,
     STACK_LABEL,
 )
 from gpuforge.k8s.cache import ClusterCache
@@ -135,13 +136,15 @@ def _render_all(
     operands: frozenset[Mode],
     dra_api: str | None,
     pinned: frozenset[tuple[Mode, str]] = frozenset(),
+    openshift_scc: bool = False,
 ) -> list[Manifest]:
     """`render` is pure; the same inputs (the stack's spec, not its status) give the same manifests."""
-    key = repr((stack, sorted(operands), dra_api, sorted(pinned)))
+    key = repr((stack, sorted(operands), dra_api, sorted(pinned), openshift_scc))
     if key not in _RENDERED:
         if len(_RENDERED) >= 16:
             _RENDERED.pop(next(iter(_RENDERED)))
-        _RENDERED[key] = render(RenderInput(stack, operands, dra_api, compat_data.load(), pinned))
+        inp = RenderInput(stack, operands, dra_api, compat_data.load(), pinned, openshift_scc=openshift_scc)
+        _RENDERED[key] = render(inp)
     return copy.deepcopy(_RENDERED[key])
 
 
@@ -246,6 +249,8 @@ def reconcile(
     compat = compat_data.load()
     stacks = kube.list_stacks()
     served = kube.served_versions()
+    # OpenShift: the SecurityContextConstraints API is served (discovery, as NVIDIA's charts check it)
+    openshift_scc = bool(kube.served_versions(OPENSHIFT_SCC_GROUP))
     dra_api = compat.best_resource_api(served)
     mark = stepper.writer.mark() if stepper is not None else None  # before the view: see Writer
     view = read_cluster(kube, dra_api, served, cache)
@@ -275,7 +280,7 @@ def reconcile(
                 problems=placement.problems + upgrade.problems,
             )
         desired = (
-            _render_all(stack, placement.operands, placement.dra_api_version, placement.pinned)
+            _render_all(stack, placement.operands, placement.dra_api_version, placement.pinned, openshift_scc)
             if _renderable(placement)
             else []
         )
