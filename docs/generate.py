@@ -153,6 +153,12 @@ def operand_contract() -> str:
             if part.get("forwardOnly"):
                 checkpoint += ", no rollback to older formats"
             out.append(f"| {release['version']} | {component} | {env} | {port or 'none: no probes'} | {checkpoint} |\n")
+        domains = next(d for d in data["computeDomains"] if release["version"] in d["releases"])
+        part = domains["plugin"]
+        env = ", ".join(f"`{part['flagEnv'][f]}` ({f})" for f in part["requiredFlags"])
+        port = part.get("healthPort") or "none: no probes"
+        out.append(f"| {release['version']} | ComputeDomain kubelet plugin | {env} | {port} | - |\n")
+    out.append(compute_domains(data))
     advertises = ", ".join(f"`{r}`" for r in dp["advertises"])
     out.append(
         f"\nDevice plugin, every release: no required flag; needs NVML (RuntimeClass `nvidia` or CDI); no "
@@ -161,6 +167,27 @@ def operand_contract() -> str:
         + ", ".join(f"`{k}={v}`" for k, v in dp["migEnv"].items())
         + f"; advertises {advertises}.\n"
     )
+    return "".join(out)
+
+
+def compute_domains(data: dict[str, Any]) -> str:
+    """What `dra.computeDomains: true` installs per release, from operands.yaml computeDomains."""
+    out = [
+        "\nWith `dra.computeDomains: true` the stack also installs, per release, the ComputeDomain CRDs "
+        "(NVIDIA's chart files, unchanged), the kubelet plugin's `compute-domains` container, the DeviceClasses "
+        "`compute-domain-daemon.nvidia.com` and `compute-domain-default-channel.nvidia.com`, and the RBAC of "
+        "the controller, the kubelet plugin and the ComputeDomain daemons (ServiceAccount "
+        "`compute-domain-daemon-service-account`). Where the cluster serves `security.openshift.io`, the "
+        "ServiceAccounts are bound to the SecurityContextConstraints NVIDIA's chart binds them to.\n\n",
+        "| releases | CRDs | OpenShift SCC: kubelet plugin, daemons |\n|---|---|---|\n",
+    ]
+    for entry in data["computeDomains"]:
+        names = (Path(path).name.removeprefix("resource.nvidia.com_").removesuffix(".yaml") for path in entry["crds"])
+        scc = entry["openshiftScc"]
+        out.append(
+            f"| {', '.join(entry['releases'])} | {', '.join(f'`{n}`' for n in names)} | "
+            f"{scc['kubeletPlugin'] or '-'}, {scc['daemon'] or '-'} |\n"
+        )
     return "".join(out)
 
 

@@ -235,7 +235,11 @@ def _dra() -> Schema:
                 "extendedResourceName; written where the served DeviceClass API is v1).",
                 True,
             ),
-            "computeDomains": _bool("Deploy the ComputeDomain controller (multi-node NVLink).", False),
+            "computeDomains": _bool(
+                "Deploy ComputeDomains (multi-node NVLink): NVIDIA's CRDs, controller, kubelet plugin "
+                "container, DeviceClasses and RBAC; turning it off removes them.",
+                False,
+            ),
         },
         default={},
     )
