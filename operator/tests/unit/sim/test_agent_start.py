@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuforge.compat.conformance import Verdict
 from gpuforge_lab.sim.agent import (
@@ -14,6 +16,7 @@ from gpuforge_lab.sim.agent import (
     node_runtime,
     release_of,
     running_status,
+    verdict_of,
 )
 
 
@@ -93,3 +96,22 @@ def test_a_started_plugin_is_ready_and_a_crashing_one_shows_the_release_error() 
     assert container["restartCount"] == 3
     assert container["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     assert container["lastState"]["terminated"]["message"] == 'Required flag "image-name" not set'
+
+
+GOLDEN = Path(__file__).parents[2] / "golden" / "render"
+
+
+def _compute_domains_pod() -> dict[str, Any]:
+    docs = yaml.safe_load_all((GOLDEN / "dra-compute-domains-mig.yaml").read_text())
+    daemonset = next(d for d in docs if d and d["kind"] == "DaemonSet")
+    template: dict[str, Any] = daemonset["spec"]["template"]
+    return template
+
+
+def test_a_compute_domains_container_without_node_name_crash_loops_the_pod() -> None:
+    node = {"metadata": {"labels": {}}}
+    pod = _compute_domains_pod()
+    assert verdict_of(pod, node, None).ok
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "compute-domains")
+    container["env"] = [e for e in container["env"] if e["name"] != "NODE_NAME"]
+    assert verdict_of(pod, node, None) == Verdict(False, 'Required flag "node-name" not set')

@@ -146,6 +146,15 @@ def release_of(pod: Mapping[str, Any]) -> OperandRelease | None:
         return None
 
 
+def verdict_of(pod: Mapping[str, Any], node: Mapping[str, Any], config: Mapping[str, Any] | None) -> Verdict:
+    """Would the pod's release start on `node`? Each container is judged by the binary it runs (the DRA
+    kubelet plugin's compute-domains container by compute-domain-kubelet-plugin's contract)."""
+    release = release_of(pod)
+    if release is None:
+        return Verdict(ok=True)
+    return judge(pod, release, node_runtime(node), config, load_operands().container_releases(release))
+
+
 def left_to_kwok(pod: Mapping[str, Any]) -> bool:
     """Failure injection (annotation or image tag) is played by kwok's stages."""
     if SIM_FAIL_ANNOTATION in (pod["metadata"].get("annotations") or {}):
@@ -517,18 +526,7 @@ class Agent:
     def _start(self, pod: dict[str, Any], node: dict[str, Any]) -> None:
         """Start a plugin pod as its release would: Running and Ready, or crash-looping."""
         meta = pod["metadata"]
-        release = release_of(pod)
-        verdict = (
-            Verdict(ok=True)
-            if release is None
-            else judge(
-                pod,
-                release,
-                node_runtime(node),
-                self._device_plugin_config(pod),
-                load_operands().container_releases(release),
-            )
-        )
+        verdict = verdict_of(pod, node, self._device_plugin_config(pod))
         now = _now()
         if verdict.ok:
             body = running_status(pod, now)
