@@ -63,6 +63,8 @@ class OperandRelease:
     nvml_from_driver_root: bool = False
     # wants the host's /dev at /host/dev
     host_dev: bool = False
+    # SecurityContextConstraints its ServiceAccount may use on OpenShift; None: none bound
+    openshift_scc: str | None = None
 
     @property
     def required_env(self) -> tuple[str, ...]:
@@ -169,6 +171,7 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             advertises=tuple(dp["advertises"]),
             errors=errors,
             config_versions=tuple(dp["configVersions"]),
+            openshift_scc=dp.get("openshiftScc"),
         )
     probes = data["draProbes"]
     compute_domain_sets: dict[str, ComputeDomains] = {}

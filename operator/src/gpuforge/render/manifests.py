@@ -286,10 +286,8 @@ def _context(inp: RenderInput) -> dict[str, Any]:
     dp = None
     if Mode.DEVICE_PLUGIN in inp.operands | pinned_modes:
         dp_release = inp.compat.device_plugin_release(spec.device_plugin.version)
-        mig_sys_admin, mig_env = _mig_needs(
-            inp.operands_contract.release(DEVICE_PLUGIN, spec.device_plugin.version),
-            spec.device_plugin.mig_strategy.value,
-        )
+        dp_contract = inp.operands_contract.release(DEVICE_PLUGIN, spec.device_plugin.version)
+        mig_sys_admin, mig_env = _mig_needs(dp_contract, spec.device_plugin.mig_strategy.value)
         config_yaml = yaml.safe_dump(device_plugin_config(stack), sort_keys=False)
         dp = {
             "image": _image(spec.device_plugin.image, dp_release.image, spec.device_plugin.version),
@@ -300,6 +298,11 @@ def _context(inp: RenderInput) -> dict[str, Any]:
             "config_hash": hashlib.sha256(config_yaml.encode()).hexdigest()[:16],
             "mig_strategy": spec.device_plugin.mig_strategy.value,
             "runtime_class": spec.device_plugin.runtime_class_name,
+            # on OpenShift the plugin runs as its own ServiceAccount, allowed its SCC
+            "service_account": f"{name}-device-plugin"
+            if inp.openshift_scc and dp_contract.openshift_scc
+            else None,
+            "scc": dp_contract.openshift_scc if inp.openshift_scc else None,
             "sys_admin": mig_sys_admin,
             "mig_env": mig_env,
         }

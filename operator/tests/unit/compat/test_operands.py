@@ -114,3 +114,8 @@ def test_compute_domain_crds_and_rbac_per_release(version: str, crds: set[str], 
 def test_the_v25_3_compute_domain_plugin_wants_the_host_dev() -> None:
     assert CONTRACT.release(DRA_COMPUTE_DOMAIN_PLUGIN, "v25.3.2").host_dev
     assert not CONTRACT.release(DRA_COMPUTE_DOMAIN_PLUGIN, "v25.12.0").host_dev
+
+
+def test_the_device_plugin_uses_the_privileged_scc_on_openshift() -> None:
+    assert CONTRACT.release(DEVICE_PLUGIN, "v0.20.0").openshift_scc == "privileged"
+    assert CONTRACT.release(DRA_KUBELET_PLUGIN, "v0.4.0").openshift_scc is None

@@ -63,9 +63,10 @@ CASES: dict[str, tuple[dict[str, Any], frozenset[Mode], str | None]] = {
         frozenset({DRA}),
         "v1beta1",
     ),
+    "device-plugin-openshift": ({}, frozenset({DP}), None),
 }
 # Cases rendered for a cluster that serves security.openshift.io.
-OPENSHIFT_CASES = {"dra-compute-domains-openshift-v25-3"}
+OPENSHIFT_CASES = {"dra-compute-domains-openshift-v25-3", "device-plugin-openshift"}
 
 
 def _render(name: str) -> list[dict[str, Any]]:
@@ -254,3 +255,17 @@ def test_no_scc_objects_without_the_openshift_api() -> None:
     objects = _dra("v25.12.0", True)
     rules = [r for o in objects if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
     assert not any("securitycontextconstraints" in r["resources"] for r in rules)
+
+
+def test_openshift_gives_the_device_plugin_its_own_service_account_allowed_privileged() -> None:
+    stack = GpuStack("dp", GpuStackSpec())
+    objects = render(RenderInput(stack, frozenset({DP}), None, compat.load(), openshift_scc=True))
+    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "dp-device-plugin"
+    assert "dp-device-plugin" in _named(objects, "ServiceAccount")
+    role = next(o for o in objects if o["kind"] == "ClusterRole")
+    assert role["rules"][0]["resourceNames"] == ["privileged"]
+    plain = render(RenderInput(stack, frozenset({DP}), None, compat.load()))
+    plain_pod = next(o for o in plain if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in plain_pod
+    assert not _named(plain, "ClusterRole")
