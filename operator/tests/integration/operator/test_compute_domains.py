@@ -4,6 +4,7 @@ prune the CRDs, Roles or SCC bindings fails these tests."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -154,6 +155,16 @@ def test_openshift_scc_bindings_follow_the_served_api(cd_cluster: Any, stack: st
         }
         # the next level-based pass sees the group in discovery (idle resync: 30 s)
         wait_for("the SCC bindings", lambda: _scc_bindings(cluster, stack) == expected, timeout=120)
+        # The device plugin runs as its own ServiceAccount there, allowed the privileged SCC.
+        switched = {"spec": {"mode": "devicePlugin"}}
+        cluster.kubectl("patch", "gpustack", stack, "--type=merge", "-p", json.dumps(switched))
+        wait_for(
+            "the device plugin's SCC binding",
+            lambda: _scc_bindings(cluster, stack).get(f"{stack}-device-plugin") == ["privileged"],
+            timeout=180,
+        )
+        plugin = kube_json(cluster, "ds", "-n", NAMESPACE, f"{stack}-device-plugin")
+        assert plugin["spec"]["template"]["spec"]["serviceAccountName"] == f"{stack}-device-plugin"
     finally:
         cluster.kubectl("delete", "crd", "securitycontextconstraints.security.openshift.io", "--wait=true")
     wait_for("the SCC bindings pruned", lambda: _scc_bindings(cluster, stack) == {}, timeout=120)
