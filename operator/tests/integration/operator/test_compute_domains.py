@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpuforge.constants import COMPONENT_LABEL
-from gpuforge.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 from ..operator_process import Operator, kube_json, operator_factory, stack_status, wait_for
 
