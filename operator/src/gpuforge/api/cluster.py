@@ -21,6 +21,12 @@ class NodeFacts:
     # What the node advertises: nvidia.com/gpu capacity (device plugin) and ResourceSlices of gpu.nvidia.com.
     gpu_capacity: int = 0
     dra_slices: int = 0
+    # GPU resources (nvidia.com/gpu, .shared, mig-*) with allocatable above 0: what a running device
+    # plugin offers. Capacity outlives a stopped plugin (kubelet keeps it for its 5-minute grace period,
+    # with allocatable 0), so only allocatable says that some plugin serves the node now.
+    gpu_allocatable: Mapping[str, int] = field(default_factory=dict)
+    # Whether a plugin pod of any GpuStack (Ready or not, not being deleted) is bound to the node.
+    gpuforge_plugin: bool = False
     # Pods on the node, not finished, that hold a ResourceClaim; None when not looked up (the operator
     # only looks where it is about to remove the DRA kubelet plugin).
     claim_pods: int | None = None

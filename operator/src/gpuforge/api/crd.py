@@ -484,6 +484,20 @@ def status_schema() -> Schema:
                 },
             ),
             "draApiVersion": _str("resource.k8s.io version the DeviceClasses are written in."),
+            "servedElsewhere": _arr(
+                "Selected nodes whose GPUs another installation serves (NVIDIA's GPU Operator, a device "
+                "plugin or DRA driver gpuforge did not deploy); gpuforge runs no plugin there. The first "
+                f"{m.ELSEWHERE_LISTED} by name.",
+                _obj(
+                    "One such node.",
+                    {
+                        "node": _str("Node name."),
+                        "reason": _str("What shows that another installation serves it."),
+                    },
+                    required=("node", "reason"),
+                ),
+                max_items=m.ELSEWHERE_LISTED,
+            ),
             "upgrade": {
                 "type": "object",
                 "description": "Upgrade engine progress (gpuforge.upgrade).",

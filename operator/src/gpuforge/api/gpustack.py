@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from gpuforge.api.convert import from_dict, to_dict
 from gpuforge.constants import NFD_PCI_NVIDIA_LABELS, NFD_TEGRA_LABEL
@@ -294,6 +294,18 @@ class NodeCounts:
 
 
 @dataclass(frozen=True)
+class ElsewhereNode:
+    """A selected node whose GPUs another installation serves, and how gpuforge tells."""
+
+    node: str
+    reason: str
+
+
+# Nodes listed in status.servedElsewhere at most (by name); the Degraded condition counts them all.
+ELSEWHERE_LISTED: Final = 50
+
+
+@dataclass(frozen=True)
 class OperandVersions:
     device_plugin: str | None = None
     dra_driver: str | None = None
@@ -312,6 +324,8 @@ class GpuStackStatus:
     operands: OperandVersions = field(default_factory=OperandVersions)
     # resource.k8s.io/<version> the DeviceClasses are written in (DRA mode).
     dra_api_version: str | None = None
+    # Selected nodes left to another installation (NVIDIA's GPU Operator, another plugin), with why.
+    served_elsewhere: tuple[ElsewhereNode, ...] = ()
     # Owned by the upgrade engine (gpuforge.upgrade): per-node progress, failing nodes.
     upgrade: Mapping[str, Any] | None = None
 

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -423,8 +423,16 @@ class Kube:
                 "could not post event %s on %s %s: %s", reason, involved["kind"], involved["name"], err
             )
 
-    def emit_node_event(self, node: str, kind: str, reason: str, message: str) -> None:
-        """A core/v1 Event on a Node (one per upgrade state change; `kubectl describe node` shows it)."""
+    def emit_node_event(self, node: str, kind: str, reason: str, message: str, *, once: bool = False) -> None:
+        """A core/v1 Event on a Node (one per upgrade state change; `kubectl describe node` shows it).
+        `once`: not again while the node's last event of this reason had the same message (a level-based
+        pass finds the same thing on every resync)."""
+        if once:
+            key = (f"node/{node}", reason)
+            with self._lock:
+                if self._emitted.get(key) == message:
+                    return
+                self._emitted[key] = message
         involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}
         self._post_event(involved, kind, reason, message, {"component": "gpuforge-operator", "host": node})
 
@@ -447,7 +455,10 @@ class Kube:
 # --- API objects to typed facts (no I/O) -------------------------------------------------------------
 
 
-def node_facts(item: Mapping[str, Any], slices: Mapping[str, int]) -> NodeFacts:
+def node_facts(
+    item: Mapping[str, Any], slices: Mapping[str, int], plugin_nodes: Collection[str] = frozenset()
+) -> NodeFacts:
+    """`plugin_nodes`: the nodes a plugin pod of any GpuStack is bound to (see `plugin_nodes`)."""
     meta, spec, status = item["metadata"], item.get("spec") or {}, item.get("status") or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
@@ -464,6 +475,12 @@ def node_facts(item: Mapping[str, Any], slices: Mapping[str, int]) -> NodeFacts:
             if is_gpu_resource(resource)
         ),
         dra_slices=slices.get(meta["name"], 0),
+        gpu_allocatable={
+            resource: count
+            for resource, value in (status.get("allocatable") or {}).items()
+            if is_gpu_resource(resource) and (count := _int_quantity(value)) > 0
+        },
+        gpuforge_plugin=meta["name"] in plugin_nodes,
     )
 
 
@@ -474,6 +491,17 @@ def slices_per_node(slices: Iterable[Mapping[str, Any]]) -> Counter[str]:
         if node:
             counts[node] += 1
     return counts
+
+
+def plugin_nodes(items: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """Nodes a plugin pod of any GpuStack is bound to (pods being deleted count: they still serve)."""
+    nodes = set()
+    for item in items:
+        labels = item["metadata"].get("labels") or {}
+        node = (item.get("spec") or {}).get("nodeName")
+        if node and STACK_LABEL in labels and labels.get(COMPONENT_LABEL) in PLUGIN_COMPONENTS:
+            nodes.add(node)
+    return frozenset(nodes)
 
 
 def operand_pods(items: Iterable[Mapping[str, Any]], stack: str) -> list[OperandPod]:

@@ -32,7 +32,15 @@ from gpuforge.constants import (
     STACK_LABEL,
 )
 from gpuforge.k8s.cache import ClusterCache
-from gpuforge.k8s.client import ApiError, Kube, Ref, node_facts, operand_pods, slices_per_node
+from gpuforge.k8s.client import (
+    ApiError,
+    Kube,
+    Ref,
+    node_facts,
+    operand_pods,
+    plugin_nodes,
+    slices_per_node,
+)
 from gpuforge.k8s.quota_deploy import QuotaOutcome, reconcile_quota, remove_quota
 from gpuforge.k8s.upgrade import (
     NOTHING,
@@ -60,6 +68,7 @@ from gpuforge.render.manifests import (
     object_key,
     render,
 )
+from gpuforge.render.placement import NodeState as PlacementState
 from gpuforge.render.placement import Placement, Problem, operands_in_use, place, release
 from gpuforge.render.status import compute_status
 from gpuforge.upgrade.convert import PolicyError, policy_from_spec
@@ -255,7 +264,8 @@ def reconcile(
     mark = stepper.writer.mark() if stepper is not None else None  # before the view: see Writer
     view = read_cluster(kube, dra_api, served, cache)
     slices = slices_per_node(view.slices)
-    nodes = [node_facts(item, slices) for item in view.nodes]
+    with_plugin = plugin_nodes(view.pods)
+    nodes = [node_facts(item, slices, with_plugin) for item in view.nodes]
     pods = operand_pods(view.pods, stack.name)
     placement = place(stack, nodes, stacks, pods, served, compat)
     watch.lap("read")
@@ -315,8 +325,17 @@ def reconcile(
     if upgrade is not None and upgrade.status:
         patch["upgrade"] = upgrade.status
     kube.patch_stack_status(stack.name, patch)
+    # One event per reason: the Kube client repeats none whose message is unchanged, so problems sharing
+    # a reason (nodes left elsewhere for different reasons) must not take turns.
+    messages: dict[str, list[str]] = {}
     for problem in placement.problems:
-        kube.emit_event(stack, "Warning", problem.reason, problem.message)
+        messages.setdefault(problem.reason, []).append(problem.message)
+    for reason, said in messages.items():
+        kube.emit_event(stack, "Warning", reason, "; ".join(said))
+    for step in placement.steps:
+        if step.state is PlacementState.ELSEWHERE:
+            message = f"GpuStack {stack.name} runs no gpuforge plugin here: {step.detail}"
+            kube.emit_node_event(step.node, "Warning", c.SERVED_ELSEWHERE, message, once=True)
     if upgrade is not None:
         for refusal in upgrade.plan.refusals:
             kube.emit_event(stack, "Warning", refusal.reason.value, refusal.message)

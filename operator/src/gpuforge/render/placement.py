@@ -9,7 +9,12 @@ Rules:
 - Two GpuStacks selecting one node: the older one (creation time, then name) gets it; the younger reports
   a conflict naming the node and the other stack, and lets go of the node if it held it.
 - A node where NVIDIA's GPU Operator deploys its own device plugin or DRA driver is left to it (named in
-  a condition; a node the stack held is released): two plugins would advertise the same GPUs twice.
+  a condition; a node the stack held is released): two plugins would advertise the same GPUs twice. So
+  is a node that already advertises GPUs (allocatable `nvidia.com/gpu`, `.shared`, `mig-*`, or
+  ResourceSlices of `gpu.nvidia.com`) while gpuforge neither marks it (stack, deploy or upgrade-state
+  label) nor runs a plugin pod there: some other installation serves it. A node gpuforge marks is its
+  own, whatever it advertises: while the upgrade engine moves or releases it, the old advertisement
+  lingers.
 - A node whose kubelet (or the API server) cannot work with the operand is refused, named in a condition;
   a node already running the operand is left running.
 - Which operand runs on a node (the deploy labels) is decided node by node by the upgrade engine
@@ -34,7 +39,9 @@ from gpuforge.constants import (
     COMPONENT_DRA_KUBELET_PLUGIN,
     DEPLOY_DEVICE_PLUGIN_LABEL,
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    DRA_DRIVER_GPU,
     GPU_OPERATOR_DEPLOY_LABELS,
+    NODE_STATE_LABEL,
     STACK_LABEL,
 )
 
@@ -52,6 +59,13 @@ class NodeState(enum.StrEnum):
 
 DEPLOY_LABEL = {Mode.DEVICE_PLUGIN: DEPLOY_DEVICE_PLUGIN_LABEL, Mode.DRA: DEPLOY_DRA_KUBELET_PLUGIN_LABEL}
 COMPONENT = {Mode.DEVICE_PLUGIN: COMPONENT_DEVICE_PLUGIN, Mode.DRA: COMPONENT_DRA_KUBELET_PLUGIN}
+# The node labels gpuforge writes on a node it serves, is moving or is releasing (any GpuStack's).
+GPUFORGE_NODE_LABELS = (
+    STACK_LABEL,
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
+    NODE_STATE_LABEL,
+)
 
 
 def other_mode(mode: Mode) -> Mode:
@@ -181,6 +195,12 @@ def needs_claim_check(stack: GpuStack, nodes: Iterable[NodeFacts], stacks: Seque
     return out
 
 
+def gpuforge_serves(node: NodeFacts) -> bool:
+    """gpuforge placed the node (or is moving or releasing it): one of its labels is on the node, or a
+    plugin pod of a GpuStack is bound to it. Whatever such a node advertises is gpuforge's own."""
+    return node.gpuforge_plugin or any(label in node.labels for label in GPUFORGE_NODE_LABELS)
+
+
 def served_elsewhere(node: NodeFacts) -> str | None:
     """Why another stack serves this node's GPUs, or None."""
     for label in GPU_OPERATOR_DEPLOY_LABELS:
@@ -189,6 +209,13 @@ def served_elsewhere(node: NodeFacts) -> str | None:
         value = node.labels.get(label, "")
         if value not in ("", "false"):
             return f"NVIDIA's GPU Operator deploys its plugin here ({label}={value})"
+    if gpuforge_serves(node):
+        return None
+    if node.gpu_allocatable:
+        resources = ", ".join(sorted(node.gpu_allocatable))
+        return f"a device plugin gpuforge did not deploy advertises {resources}"
+    if node.dra_slices > 0:
+        return f"a DRA driver gpuforge did not deploy publishes ResourceSlices of {DRA_DRIVER_GPU}"
     return None
 
 

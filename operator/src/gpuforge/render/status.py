@@ -11,7 +11,9 @@ from collections.abc import Collection, Sequence
 
 from gpuforge.api import conditions as c
 from gpuforge.api.gpustack import (
+    ELSEWHERE_LISTED,
     Condition,
+    ElsewhereNode,
     GpuStack,
     GpuStackStatus,
     Mode,
@@ -119,6 +121,11 @@ def compute_status(
             if Mode.DRA in placement.operands and placement.dra_api_version
             else None
         ),
+        served_elsewhere=tuple(
+            ElsewhereNode(step.node, step.detail)
+            for step in sorted(placement.steps, key=lambda s: s.node)
+            if step.state is NodeState.ELSEWHERE
+        )[:ELSEWHERE_LISTED],
     )
 
 

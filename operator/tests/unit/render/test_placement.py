@@ -286,3 +286,92 @@ def test_nodes_the_gpu_operator_serves_are_left_to_it(label: str, mode: Mode) ->
     assert true.reason == paused.reason == c.SERVED_ELSEWHERE
     assert (true.nodes, paused.nodes) == (("g1", "g2"), ("g5",))
     assert "GPU Operator" in true.message and f"{label}=true" in true.message and "g1, g2" in true.message
+
+
+NODE_STATE = "gpuforge.io/upgrade-state"
+GPUS = {"nvidia.com/gpu": 8}
+
+
+def advertising(
+    name: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    allocatable: Mapping[str, int] | None = None,
+    capacity: int = 0,
+    slices: int = 0,
+    plugin: bool = False,
+) -> NodeFacts:
+    return NodeFacts(
+        name,
+        {**GPU, **(labels or {})},
+        "v1.36.5",
+        gpu_capacity=capacity,
+        gpu_allocatable=allocatable or {},
+        dra_slices=slices,
+        gpuforge_plugin=plugin,
+    )
+
+
+@pytest.mark.parametrize("mode", [Mode.DEVICE_PLUGIN, Mode.DRA])
+@pytest.mark.parametrize(
+    ("facts", "why"),
+    [
+        # another device plugin (a Helm install, a GPU Operator without its labels) offers the GPUs
+        (advertising("n", allocatable=GPUS, capacity=8), "advertises nvidia.com/gpu"),
+        (advertising("n", allocatable={"nvidia.com/gpu.shared": 32}), "advertises nvidia.com/gpu.shared"),
+        (
+            advertising("n", allocatable={"nvidia.com/mig-1g.10gb": 7, "nvidia.com/mig-3g.40gb": 2}),
+            "advertises nvidia.com/mig-1g.10gb, nvidia.com/mig-3g.40gb",
+        ),
+        # another DRA driver publishes the node's GPUs
+        (advertising("n", slices=1), "publishes ResourceSlices of gpu.nvidia.com"),
+        # nothing advertised: ours to serve
+        (advertising("n"), None),
+        # capacity alone is what kubelet keeps of a stopped plugin for its grace period: nobody offers GPUs
+        (advertising("n", capacity=8), None),
+        # gpuforge's own: the advertisement is its plugin's
+        (advertising("n", labels=MINE, allocatable=GPUS, capacity=8), None),
+        (advertising("n", labels={DP_LABEL: "true"}, allocatable=GPUS), None),
+        (advertising("n", labels={DRA_LABEL: "v25.12.0"}, slices=1), None),
+        # mid-migration or mid-release: the upgrade engine's state label is still on
+        (advertising("n", labels={NODE_STATE: "wait-old-gone"}, allocatable=GPUS), None),
+        # a plugin pod of some GpuStack is bound there (labels not written yet, or being released)
+        (advertising("n", allocatable=GPUS, plugin=True), None),
+        (advertising("n", slices=1, plugin=True), None),
+    ],
+)
+def test_nodes_advertising_through_another_installation_are_left_to_it(
+    facts: NodeFacts, why: str | None, mode: Mode
+) -> None:
+    placement = place(stack(mode=mode), [facts], [stack(mode=mode)], [], ALL_APIS, C)
+    step = placement.steps[0]
+    if why is None:
+        assert step.state is not NodeState.ELSEWHERE
+        assert not [p for p in placement.problems if p.reason == c.SERVED_ELSEWHERE]
+        return
+    assert step.state is NodeState.ELSEWHERE and why in step.detail
+    assert placement.planned == frozenset() and placement.releases == ()
+    (problem,) = placement.problems
+    assert problem.reason == c.SERVED_ELSEWHERE and problem.nodes == ("n",)
+    assert why in problem.message and "gpuforge leaves nodes n to it" in problem.message
+
+
+def test_a_node_another_gpustack_is_releasing_waits_for_it() -> None:
+    """Held by another GpuStack (still advertising through its plugin): not another installation's."""
+    facts = advertising("n", labels={STACK_LABEL: "other", DP_LABEL: "true"}, allocatable=GPUS, plugin=True)
+    stacks = [stack(), stack("other", created="2026-02-01T00:00:00Z")]
+    placement = place(stack(), [facts], stacks, [], ALL_APIS, C)
+    assert placement.steps[0].state is NodeState.PENDING and not placement.problems
+
+
+def test_elsewhere_nodes_are_grouped_by_why() -> None:
+    nodes = [
+        advertising("a", allocatable=GPUS),
+        advertising("b", allocatable=GPUS),
+        advertising("c", slices=2),
+        advertising("d", labels={"nvidia.com/gpu.deploy.device-plugin": "true"}, allocatable=GPUS),
+        advertising("e"),
+    ]
+    placement = place(stack(), nodes, [stack()], [], ALL_APIS, C)
+    assert sorted(p.nodes for p in placement.problems) == [("a", "b"), ("c",), ("d",)]
+    assert placement.planned == frozenset({"e"})

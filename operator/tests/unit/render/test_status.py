@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from gpuforge.api import conditions as c
-from gpuforge.api.gpustack import Condition, GpuStack, GpuStackSpec, Mode, Phase
+from gpuforge.api.convert import to_dict
+from gpuforge.api.gpustack import (
+    ELSEWHERE_LISTED,
+    Condition,
+    ElsewhereNode,
+    GpuStack,
+    GpuStackSpec,
+    Mode,
+    Phase,
+)
 from gpuforge.render.placement import NodeState, NodeStep, Placement, Problem
 from gpuforge.render.status import compute_status
 
@@ -84,6 +93,25 @@ def test_nodes_another_stack_serves_are_named_and_the_rest_is_ready() -> None:
     degraded = next(x for x in status.conditions if x.type == c.DEGRADED)
     assert (degraded.status, degraded.reason) == ("True", c.SERVED_ELSEWHERE) and "n1" in degraded.message
     assert status.nodes.refused == 1 and status.nodes_ready == "1/2"
+    assert status.served_elsewhere == (ElsewhereNode("n1", "waiting for the plugin"),)
+    assert to_dict(status)["servedElsewhere"] == [{"node": "n1", "reason": "waiting for the plugin"}]
+
+
+def test_served_elsewhere_lists_each_node_with_why_sorted_and_bounded() -> None:
+    why = "a device plugin gpuforge did not deploy advertises nvidia.com/gpu"
+    steps = tuple(NodeStep(f"g{i:03}", NodeState.ELSEWHERE, detail=why) for i in reversed(range(60)))
+    steps += (NodeStep("a-ready", NodeState.READY),)
+    problem = Problem(c.SERVED_ELSEWHERE, f"{why}: gpuforge leaves nodes ...", tuple(s.node for s in steps))
+    status = compute_status(
+        STACK, Placement(steps, (), (problem,), "v1", frozenset({Mode.DEVICE_PLUGIN})), (), T0
+    )
+    assert len(status.served_elsewhere) == ELSEWHERE_LISTED
+    assert [e.node for e in status.served_elsewhere[:2]] == ["g000", "g001"]
+    assert {e.reason for e in status.served_elsewhere} == {why}
+    assert conditions(status)[c.READY] == ("True", c.ALL_NODES_READY)
+    # none left: the list is written empty, so the merge patch clears it
+    status = compute_status(STACK, placement(NodeState.READY), (), T0)
+    assert to_dict(status)["servedElsewhere"] == []
 
 
 def test_everything_refused_is_not_ready() -> None:
