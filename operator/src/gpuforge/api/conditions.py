@@ -35,6 +35,8 @@ INCOMPATIBLE_KUBELET: Final = "IncompatibleKubelet"
 DRA_API_NOT_SERVED: Final = "DraApiNotServed"
 # Degraded=True: another stack (NVIDIA's GPU Operator) already serves some selected nodes' GPUs.
 SERVED_ELSEWHERE: Final = "ServedElsewhere"
+# Event: the upgrade moves nodes to a DRA driver release they cannot be rolled back from.
+FORWARD_ONLY_UPGRADE: Final = "ForwardOnlyUpgrade"
 # Degraded=True: the operand version is not in the compatibility data (gpuforge/compat/compat.yaml).
 UNKNOWN_RELEASE: Final = "UnknownRelease"
 # Degraded=True: applying manifests or labels failed; the message carries the API error.

@@ -117,6 +117,9 @@ def plan_steps(result: Plan) -> list[dict[str, Any]]:
 def plan_report(result: Plan) -> dict[str, Any]:
     return {
         "target": result.target,
+        "forwardOnly": [
+            {"from": f.origin, "nodes": list(f.nodes), "message": f.message} for f in result.forward_only
+        ],
         "steps": plan_steps(result),
         "holds": [
             {"reason": h.reason.value, "nodes": list(h.nodes), "message": h.message} for h in result.holds
@@ -287,6 +290,9 @@ def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
         return
     console = Console()
     console.print(f"[bold]Target[/] {report['target']}")
+    for warning in report["forwardOnly"]:  # before the steps: it must be read before the move starts
+        nodes = ", ".join(warning["nodes"])
+        console.print(f"[bold yellow]forward-only[/] {warning['message']} (nodes {nodes})", highlight=False)
     if not report["steps"]:
         console.print("nothing to do now")
     for index, step in enumerate(report["steps"], 1):

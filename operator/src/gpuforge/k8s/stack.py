@@ -234,6 +234,7 @@ def _upgrade(
         shown = ", ".join(f"{n} ({plan.states[n]})" for n in moving[:5])
         more = f" and {len(moving) - 5} more" if len(moving) > 5 else ""
         progress = f"{len(moving)} node(s) in progress: {shown}{more}; {waiting} waiting"
+        progress += "".join(f"; {f.message}" for f in plan.forward_only)
     steps = context if flying else None
     return _Upgrade(plan, applied, tuple(problems), upgrade_status(plan, failed), progress, steps)
 
@@ -339,6 +340,9 @@ def reconcile(
     if upgrade is not None:
         for refusal in upgrade.plan.refusals:
             kube.emit_event(stack, "Warning", refusal.reason.value, refusal.message)
+        if upgrade.plan.forward_only:  # said while nodes wait for the move, so before it starts
+            forward = "; ".join(f.message for f in upgrade.plan.forward_only)
+            kube.emit_event(stack, "Warning", c.FORWARD_ONLY_UPGRADE, forward)
     if error:
         kube.emit_event(stack, "Warning", c.RECONCILE_FAILED, error)
     for kind, reason, message in quota.events:

@@ -711,6 +711,15 @@ def upgrade_status(plan: Plan, failed: Mapping[str, str], limit: int = 20) -> di
             }
             for r in plan.refusals
         ],
+        "forwardOnly": [
+            {
+                "from": f.origin,
+                "nodes": list(f.nodes[:limit]),
+                "nodeCount": len(f.nodes),
+                "message": f.message,
+            }
+            for f in plan.forward_only
+        ],
     }
 
 

@@ -559,11 +559,23 @@ class Refusal:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardOnly:
+    """Nodes whose move to the target cannot be undone: the target DRA driver writes a checkpoint that
+    the release they run now (`origin`) cannot read, so a node that fails is not rolled back. Said
+    before the move starts, and for as long as it lasts."""
+
+    origin: str  # "<mode>@<version>" the nodes run now (or ran when they started)
+    nodes: tuple[str, ...]
+    message: str  # names no node, so an event saying it is not repeated as nodes finish
+
+
 @dataclass(frozen=True)
 class Plan:
     transitions: tuple[Transition, ...]
     holds: tuple[Hold, ...] = ()
     refusals: tuple[Refusal, ...] = ()
+    forward_only: tuple[ForwardOnly, ...] = ()
     # Node name -> state after the transitions, for every node the stack selects.
     states: Mapping[str, NodeState] = field(default_factory=dict)
     # Nodes that failed on the current target, sorted.

@@ -48,6 +48,7 @@ from gpuforge.upgrade.model import (
     Desired,
     DraDriverSupport,
     EvictPods,
+    ForwardOnly,
     GpuNode,
     Hold,
     HoldReason,
@@ -956,16 +957,42 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
         Refusal(reason, tuple(sorted(names)), f"{message}: nodes {_names(names)}")
         for (reason, message), names in sorted(refusals.items())
     ]
+    refused = {name for names in refusals.values() for name in names}
+    moving = [n for n in selected_nodes if states.get(n.name) in _MOVING_STATES and n.name not in refused]
     return Plan(
         transitions=tuple(progress) + tuple(admitted),
         holds=tuple(sorted(hold_list, key=lambda h: (h.reason.value, h.message))),
         refusals=tuple(refusal_list),
+        forward_only=_forward_only(ctx, moving),
         states=states,
         failed=tuple(failed),
         target=ctx.fingerprint,
         admitted=tuple(t.node for t in admitted),
         queue=tuple(queue),
     )
+
+
+# Nodes that are still to move to the target, or are moving: a forward-only move is announced for these.
+_MOVING_STATES = IN_FLIGHT_STATES | {NodeState.UPGRADE_REQUIRED}
+
+
+def _forward_only(ctx: _Context, nodes: Iterable[GpuNode]) -> tuple[ForwardOnly, ...]:
+    """The nodes whose move to the target cannot be rolled back, by the release they leave."""
+    by_origin: dict[Placement, list[str]] = {}
+    for node in nodes:
+        origin = Placement.parse(node.annotations.get(FROM_ANNOTATION)) or ctx.current(node)
+        if origin != ctx.target and _rollback_refused(ctx.target, origin):
+            by_origin.setdefault(origin, []).append(node.name)
+    out = []
+    for origin, names in sorted(by_origin.items(), key=lambda item: str(item[0])):
+        why = _rollback_refused(ctx.target, origin)
+        message = (
+            f"{origin} -> {ctx.target} is forward-only: {why}. Rollback to {origin.version} will be "
+            f"refused (whatever onFailure says): a node that fails stays on {ctx.target.version}, "
+            "upgrade-failed"
+        )
+        out.append(ForwardOnly(str(origin), tuple(sorted(names)), message))
+    return tuple(out)
 
 
 def weighs_on_admission(node: GpuNode) -> bool:

@@ -799,3 +799,77 @@ def test_rollback_between_releases_of_one_checkpoint_format() -> None:
     n = validating(operand_ready=False, advertising=False, since=600, origin="dra@v25.8.0")
     t = only(step(n, Policy(on_failure=OnFailure.ROLLBACK)))
     assert t.to_state is S.ROLLBACK_REQUIRED
+
+
+# --- forward-only moves, said before they start ----------------------------------------------------
+
+V04 = {DP: "v0.17.0", DRA: "v0.4.0"}
+
+
+@pytest.mark.parametrize(
+    ("n", "versions", "origin"),
+    [
+        # waiting for a slot: on v25.12.0, the target v0.4.0 writes a checkpoint v25.x cannot read
+        (node("n1", DRA, "v25.12.0"), V04, "dra@v25.12.0"),
+        (node("n1", DRA, "v25.3.2"), V04, "dra@v25.3.2"),
+        # under way: the origin annotation says where it came from
+        (
+            node(
+                "n1",
+                DRA,
+                "v0.4.0",
+                state=S.VALIDATION_REQUIRED,
+                held=False,
+                origin="dra@v25.12.0",
+                operand_ready=False,
+            ),
+            V04,
+            "dra@v25.12.0",
+        ),
+        (
+            node("n1", DRA, "v25.12.0", state=S.OPERAND_RESTART_REQUIRED, held=False, origin="dra@v25.12.0"),
+            V04,
+            "dra@v25.12.0",
+        ),
+    ],
+)
+def test_a_forward_only_move_is_said_before_it_starts(n: GpuNode, versions: object, origin: str) -> None:
+    result = step(n, Policy(on_failure=OnFailure.ROLLBACK, paused=True), versions=versions)
+    (warning,) = result.forward_only
+    assert (warning.origin, warning.nodes) == (origin, ("n1",))
+    assert "forward-only" in warning.message and "checkpoint" in warning.message
+    assert "Rollback to" in warning.message and "refused" in warning.message
+
+
+@pytest.mark.parametrize(
+    ("n", "versions", "mode"),
+    [
+        # the same checkpoint format: v25.3.2 -> v25.12.0 can go back
+        (node("n1", DRA, "v25.3.2"), VERSIONS, DRA),
+        # already there
+        (node("n1", DRA, "v0.4.0"), V04, DRA),
+        (node("n1", DRA, "v0.4.0", state=S.UPGRADE_DONE), V04, DRA),
+        # the device plugin has no checkpoint to lose; a move from it to DRA is not a DRA downgrade
+        (node("n1", DP, "v0.17.0"), V04, DRA),
+        (node("n1", DRA, "v25.12.0"), V04, DP),
+        # a new node: nothing to go back to
+        (node("n1", None, operand=False, advertising=False), V04, DRA),
+        # failed on the target already: the warning was given; the failure says the rest
+        (
+            node("n1", DRA, "v0.4.0", state=S.UPGRADE_FAILED, origin="dra@v25.12.0", operand_ready=False),
+            V04,
+            DRA,
+        ),
+    ],
+)
+def test_moves_that_can_be_undone_carry_no_warning(n: GpuNode, versions: object, mode: object) -> None:
+    assert step(n, POLICY, versions=versions, mode=mode).forward_only == ()
+
+
+def test_forward_only_nodes_are_grouped_by_the_release_they_leave() -> None:
+    nodes = [node("a", DRA, "v25.12.0"), node("b", DRA, "v25.12.0"), node("c", DRA, "v25.8.0"), node("d", DP)]
+    result = plan(snapshot(*nodes), desired(names=["a", "b", "c", "d"], versions=V04), POLICY)
+    assert [(w.origin, w.nodes) for w in result.forward_only] == [
+        ("dra@v25.12.0", ("a", "b")),
+        ("dra@v25.8.0", ("c",)),
+    ]

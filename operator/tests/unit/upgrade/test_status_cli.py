@@ -40,6 +40,21 @@ def test_plan_report_lists_steps_in_order_with_holds() -> None:
     assert report["holds"][0]["reason"] == "MaxUnavailable" and report["holds"][0]["nodes"] == ["a"]
 
 
+def test_plan_report_says_a_move_is_forward_only_before_its_steps() -> None:
+    nodes = [node("a", mode=DRA, version="v25.12.0"), node("b", mode=DRA, version="v25.12.0")]
+    versions = {DP: "v0.17.0", DRA: "v0.4.0"}
+    result = plan(snapshot(*nodes), desired(names=["a", "b"], versions=versions), Policy(paused=True))
+    report = plan_report(result)
+    assert list(report)[:2] == ["target", "forwardOnly"]
+    (warning,) = report["forwardOnly"]
+    assert warning["from"] == "dra@v25.12.0" and warning["nodes"] == ["a", "b"]
+    assert (
+        "forward-only" in warning["message"] and "Rollback to v25.12.0 will be refused" in warning["message"]
+    )
+    # a move that can be undone says nothing
+    assert plan_report(plan(snapshot(*nodes), desired(names=["a", "b"]), Policy()))["forwardOnly"] == []
+
+
 def test_desired_from_stack() -> None:
     stack = {"metadata": {"name": "gpus"}, "spec": {"mode": "dra", "dra": {"version": "v25.12.0"}}}
     want = desired_from_stack(stack, ["n1"])
