@@ -4,7 +4,8 @@ No GPUs exist here. This agent stands in for what the NVIDIA plugins do on a rea
 tested against a real API server:
 - a device-plugin pod (label gpuforge.io/component=device-plugin) Ready on a node: the node's capacity and
   allocatable get `nvidia.com/gpu` = its GPU count (kubelet's device manager would do this); when the pod goes
-  or turns unready, they drop to 0;
+  or turns unready, they drop to 0. An advertisement the agent did not make (another installation's plugin,
+  written into the node status by a test) is left as it is: kubelet keeps serving a plugin it did not lose;
 - a DRA kubelet-plugin pod (component=dra-kubelet-plugin) Ready on a node: a ResourceSlice for it appears,
   driver gpu.nvidia.com, in the newest resource.k8s.io version the server serves, with the attributes and
   capacity NVIDIA's driver publishes; when the pod goes, the slice goes.
@@ -499,7 +500,8 @@ class Agent:
         gpu = GpuSpec.from_json(raw_gpus)
         if want_dp and want_dra and not (view.advertising_device_plugin and view.advertising_dra):
             self._record_violation(name, view)
-        self._set_capacity(name, node, gpu.count if want_dp else 0)
+        if want_dp or view.advertising_device_plugin:  # withdraw only what this agent advertised
+            self._set_capacity(name, node, gpu.count if want_dp else 0)
         if want_dra and self.slice_version is not None:
             self._publish_slice(node, gpu)
         else:
