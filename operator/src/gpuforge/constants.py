@@ -38,6 +38,9 @@ DEPLOY_DRA_KUBELET_PLUGIN_LABEL: Final = f"{GROUP}/deploy.dra-kubelet-plugin"
 NODE_STATE_LABEL: Final = f"{GROUP}/upgrade-state"
 # Nodes carrying this label with value "true" are left alone by the upgrade engine.
 UPGRADE_SKIP_LABEL: Final = f"{GROUP}/upgrade.skip"
+# When the operator last took the node away from a GpuStack (RFC 3339). For a while after that, what the
+# node still advertises is the departing plugin's, not another installation's (gpuforge.render.placement).
+RELEASED_ANNOTATION: Final = f"{GROUP}/released-at"
 # Set by the day-2 Ansible driver upgrade while it works on a node; the operator keeps off such nodes.
 MAINTENANCE_ANNOTATION: Final = f"{GROUP}/maintenance"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from gpuforge.compat import Minor, parse_minor
 
@@ -25,8 +26,10 @@ class NodeFacts:
     # plugin offers. Capacity outlives a stopped plugin (kubelet keeps it for its 5-minute grace period,
     # with allocatable 0), so only allocatable says that some plugin serves the node now.
     gpu_allocatable: Mapping[str, int] = field(default_factory=dict)
-    # Whether a plugin pod of any GpuStack (Ready or not, not being deleted) is bound to the node.
+    # Whether a plugin pod of any GpuStack (Ready or not, being deleted or not) is bound to the node.
     gpuforge_plugin: bool = False
+    # When gpuforge last released the node from a GpuStack (annotation gpuforge.io/released-at).
+    released_at: datetime | None = None
     # Pods on the node, not finished, that hold a ResourceClaim; None when not looked up (the operator
     # only looks where it is about to remove the DRA kubelet plugin).
     claim_pods: int | None = None

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +28,7 @@ from gpuforge.constants import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     PLUGIN_COMPONENTS,
+    RELEASED_ANNOTATION,
     STACK_LABEL,
     VERSION,
     is_gpu_resource,
@@ -481,7 +483,19 @@ def node_facts(
             if is_gpu_resource(resource) and (count := _int_quantity(value)) > 0
         },
         gpuforge_plugin=meta["name"] in plugin_nodes,
+        released_at=_parse_time((meta.get("annotations") or {}).get(RELEASED_ANNOTATION)),
     )
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    """An RFC 3339 timestamp, None when absent or unreadable (a hand-edited annotation)."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def slices_per_node(slices: Iterable[Mapping[str, Any]]) -> Counter[str]:

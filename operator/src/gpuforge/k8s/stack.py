@@ -29,6 +29,7 @@ from gpuforge.constants import (
     COMPONENT_LABEL,
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     OPENSHIFT_SCC_GROUP,
+    RELEASED_ANNOTATION,
     STACK_LABEL,
 )
 from gpuforge.k8s.cache import ClusterCache
@@ -268,7 +269,7 @@ def reconcile(
     with_plugin = plugin_nodes(view.pods)
     nodes = [node_facts(item, slices, with_plugin) for item in view.nodes]
     pods = operand_pods(view.pods, stack.name)
-    placement = place(stack, nodes, stacks, pods, served, compat)
+    placement = place(stack, nodes, stacks, pods, served, compat, datetime.now(UTC))
     watch.lap("read")
 
     applied = pruned = labelled = 0
@@ -410,7 +411,10 @@ def cleanup(kube: Kube, body: Mapping[str, Any]) -> Cleanup:
     waiting = []
     for node in held:
         step = release(node)
-        if step.labels:
+        if STACK_LABEL in step.labels:  # see RELEASED_ANNOTATION
+            patch = {"labels": dict(step.labels), "annotations": {RELEASED_ANNOTATION: _now()}}
+            kube.patch_node(node.name, {"metadata": patch})
+        elif step.labels:
             kube.patch_node_labels(node.name, step.labels)
         if STACK_LABEL not in step.labels:
             waiting.append(f"{node.name} ({step.detail})")

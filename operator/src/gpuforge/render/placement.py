@@ -11,10 +11,13 @@ Rules:
 - A node where NVIDIA's GPU Operator deploys its own device plugin or DRA driver is left to it (named in
   a condition; a node the stack held is released): two plugins would advertise the same GPUs twice. So
   is a node that already advertises GPUs (allocatable `nvidia.com/gpu`, `.shared`, `mig-*`, or
-  ResourceSlices of `gpu.nvidia.com`) while gpuforge neither marks it (stack, deploy or upgrade-state
-  label) nor runs a plugin pod there: some other installation serves it. A node gpuforge marks is its
+  ResourceSlices of `gpu.nvidia.com`) while gpuforge neither marks it (stack label, a deploy label on)
+  nor runs a plugin pod there: some other installation serves it. (The upgrade engine writes the stack
+  label with every state it gives a node, so an upgrade-state label alone is a leftover of a deleted
+  GpuStack, not a mark.) A node gpuforge marks is its
   own, whatever it advertises: while the upgrade engine moves or releases it, the old advertisement
-  lingers.
+  lingers; so is a node released less than `RELEASE_GRACE` ago (annotation `gpuforge.io/released-at`),
+  whose departed plugin's advertisement kubelet has not withdrawn yet.
 - A node whose kubelet (or the API server) cannot work with the operand is refused, named in a condition;
   a node already running the operand is left running.
 - Which operand runs on a node (the deploy labels) is decided node by node by the upgrade engine
@@ -29,6 +32,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from gpuforge.api import conditions as c
 from gpuforge.api.cluster import NodeFacts, OperandPod
@@ -41,7 +45,6 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     DRA_DRIVER_GPU,
     GPU_OPERATOR_DEPLOY_LABELS,
-    NODE_STATE_LABEL,
     STACK_LABEL,
 )
 
@@ -59,13 +62,11 @@ class NodeState(enum.StrEnum):
 
 DEPLOY_LABEL = {Mode.DEVICE_PLUGIN: DEPLOY_DEVICE_PLUGIN_LABEL, Mode.DRA: DEPLOY_DRA_KUBELET_PLUGIN_LABEL}
 COMPONENT = {Mode.DEVICE_PLUGIN: COMPONENT_DEVICE_PLUGIN, Mode.DRA: COMPONENT_DRA_KUBELET_PLUGIN}
-# The node labels gpuforge writes on a node it serves, is moving or is releasing (any GpuStack's).
-GPUFORGE_NODE_LABELS = (
-    STACK_LABEL,
-    DEPLOY_DEVICE_PLUGIN_LABEL,
-    DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
-    NODE_STATE_LABEL,
-)
+# How long after its release a node's advertisement may still be gpuforge's departed plugin's: kubelet
+# deletes a DRA driver's ResourceSlices some 30 s after its plugin unregisters (so that a restarting
+# plugin keeps them), and reports a stopped device plugin's devices unhealthy (allocatable 0) on its next
+# node status update (every 10 s). Twice that, for a loaded kubelet.
+RELEASE_GRACE = timedelta(seconds=90)
 
 
 def other_mode(mode: Mode) -> Mode:
@@ -195,21 +196,27 @@ def needs_claim_check(stack: GpuStack, nodes: Iterable[NodeFacts], stacks: Seque
     return out
 
 
-def gpuforge_serves(node: NodeFacts) -> bool:
-    """gpuforge placed the node (or is moving or releasing it): one of its labels is on the node, or a
-    plugin pod of a GpuStack is bound to it. Whatever such a node advertises is gpuforge's own."""
-    return node.gpuforge_plugin or any(label in node.labels for label in GPUFORGE_NODE_LABELS)
+def gpuforge_serves(node: NodeFacts, now: datetime | None = None) -> bool:
+    """gpuforge placed the node (or is moving or releasing it): one of its labels is on the node, a
+    plugin pod of a GpuStack is bound to it, or (given `now`) it was released less than RELEASE_GRACE
+    ago. Whatever such a node advertises is gpuforge's own."""
+    recently_released = (
+        now is not None and node.released_at is not None and now - node.released_at < RELEASE_GRACE
+    )
+    deploy_on = any(node.labels.get(label, "") not in ("", "false") for label in DEPLOY_LABEL.values())
+    return node.gpuforge_plugin or recently_released or STACK_LABEL in node.labels or deploy_on
 
 
-def served_elsewhere(node: NodeFacts) -> str | None:
-    """Why another stack serves this node's GPUs, or None."""
+def served_elsewhere(node: NodeFacts, now: datetime | None = None) -> str | None:
+    """Why another stack serves this node's GPUs, or None. `now`: to tell a node gpuforge has just
+    released (see `gpuforge_serves`); without it, a release mark counts for nothing."""
     for label in GPU_OPERATOR_DEPLOY_LABELS:
         # "true", or "paused-for-driver-upgrade" while its driver upgrade holds the plugin off the node
         # (it puts "true" back afterwards); absent or "false": the GPU Operator leaves the node alone.
         value = node.labels.get(label, "")
         if value not in ("", "false"):
             return f"NVIDIA's GPU Operator deploys its plugin here ({label}={value})"
-    if gpuforge_serves(node):
+    if gpuforge_serves(node, now):
         return None
     if node.gpu_allocatable:
         resources = ", ".join(sorted(node.gpu_allocatable))
@@ -240,8 +247,10 @@ def place(
     pods: Iterable[OperandPod],
     served_resource_versions: frozenset[str],
     compat: Compat,
+    now: datetime | None = None,
 ) -> Placement:
-    """Decide every node of `stack`. `stacks`: all GpuStacks (including this one); `pods`: its plugin pods."""
+    """Decide every node of `stack`. `stacks`: all GpuStacks (including this one); `pods`: its plugin pods;
+    `now`: the moment of the snapshot (see `served_elsewhere`)."""
     mode = stack.spec.mode
     ready_plugins = {(p.node, p.component) for p in pods if p.ready and p.stack == stack.name}
     existing = {s.name for s in stacks}
@@ -280,7 +289,7 @@ def place(
                 NodeStep(node.name, NodeState.CONFLICT, detail=f"selected by older GpuStack {owner.name}")
             )
             continue
-        if elsewhere := served_elsewhere(node):
+        if elsewhere := served_elsewhere(node, now):
             foreign.setdefault(elsewhere, []).append(node.name)
             if held_by == stack.name:
                 releases.append(release(node))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuforge.compat.operands import DRA_KUBELET_PLUGIN, UnsupportedRelease, load_operands, rollback_problem
-from gpuforge.constants import NODE_STATE_LABEL, STACK_LABEL
+from gpuforge.constants import NODE_STATE_LABEL, RELEASED_ANNOTATION, STACK_LABEL
 from gpuforge.upgrade.model import (
     COMPONENTS,
     DEPLOY_LABELS,
@@ -1090,6 +1090,10 @@ def _release(ctx: _Context, node: GpuNode) -> tuple[_Step, bool] | None:
         step.cordon = False
     step = _clean(step, node)
     step.labels = {k: v for k, v in step.labels.items() if k in node.labels}
+    if STACK_LABEL in step.labels:
+        # For a while its departing plugin's advertisement lingers: whoever selects the node next must
+        # not take it for another installation's (gpuforge.render.placement).
+        step.annotations[RELEASED_ANNOTATION] = ctx.now_text
     return step, claims_wait
 
 

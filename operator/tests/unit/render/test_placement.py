@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -290,6 +291,7 @@ def test_nodes_the_gpu_operator_serves_are_left_to_it(label: str, mode: Mode) ->
 
 NODE_STATE = "gpuforge.io/upgrade-state"
 GPUS = {"nvidia.com/gpu": 8}
+NOW = datetime(2026, 8, 1, 12, 0, tzinfo=UTC)
 
 
 def advertising(
@@ -300,6 +302,7 @@ def advertising(
     capacity: int = 0,
     slices: int = 0,
     plugin: bool = False,
+    released: int | None = None,  # seconds before NOW
 ) -> NodeFacts:
     return NodeFacts(
         name,
@@ -309,6 +312,7 @@ def advertising(
         gpu_allocatable=allocatable or {},
         dra_slices=slices,
         gpuforge_plugin=plugin,
+        released_at=None if released is None else NOW - timedelta(seconds=released),
     )
 
 
@@ -333,17 +337,31 @@ def advertising(
         (advertising("n", labels=MINE, allocatable=GPUS, capacity=8), None),
         (advertising("n", labels={DP_LABEL: "true"}, allocatable=GPUS), None),
         (advertising("n", labels={DRA_LABEL: "v25.12.0"}, slices=1), None),
-        # mid-migration or mid-release: the upgrade engine's state label is still on
-        (advertising("n", labels={NODE_STATE: "wait-old-gone"}, allocatable=GPUS), None),
+        # mid-migration: the old advertisement lingers while the node carries the engine's labels
+        (advertising("n", labels={**MINE, NODE_STATE: "wait-old-gone"}, allocatable=GPUS), None),
+        (advertising("n", labels={**MINE, NODE_STATE: "wait-old-gone", DRA_LABEL: "true"}, slices=1), None),
         # a plugin pod of some GpuStack is bound there (labels not written yet, or being released)
         (advertising("n", allocatable=GPUS, plugin=True), None),
         (advertising("n", slices=1, plugin=True), None),
+        # just released, pod gone: kubelet has not withdrawn the departed plugin's advertisement yet
+        (advertising("n", slices=1, released=30), None),
+        (advertising("n", allocatable=GPUS, released=89), None),
+        # released long ago: what advertises now is someone else's
+        (advertising("n", slices=1, released=90), "publishes ResourceSlices of gpu.nvidia.com"),
+        (advertising("n", allocatable=GPUS, released=3600), "advertises nvidia.com/gpu"),
+        # an upgrade-state label alone is what a deleted GpuStack left behind, not a mark
+        (
+            advertising("n", labels={NODE_STATE: "upgrade-done"}, allocatable=GPUS),
+            "advertises nvidia.com/gpu",
+        ),
+        # a deploy label turned off is no plugin
+        (advertising("n", labels={DP_LABEL: "false"}, allocatable=GPUS), "advertises nvidia.com/gpu"),
     ],
 )
 def test_nodes_advertising_through_another_installation_are_left_to_it(
     facts: NodeFacts, why: str | None, mode: Mode
 ) -> None:
-    placement = place(stack(mode=mode), [facts], [stack(mode=mode)], [], ALL_APIS, C)
+    placement = place(stack(mode=mode), [facts], [stack(mode=mode)], [], ALL_APIS, C, NOW)
     step = placement.steps[0]
     if why is None:
         assert step.state is not NodeState.ELSEWHERE
@@ -375,3 +393,8 @@ def test_elsewhere_nodes_are_grouped_by_why() -> None:
     placement = place(stack(), nodes, [stack()], [], ALL_APIS, C)
     assert sorted(p.nodes for p in placement.problems) == [("a", "b"), ("c",), ("d",)]
     assert placement.planned == frozenset({"e"})
+
+
+def test_without_the_time_a_release_mark_counts_for_nothing() -> None:
+    facts = advertising("n", allocatable=GPUS, released=0)
+    assert place(stack(), [facts], [stack()], [], ALL_APIS, C).steps[0].state is NodeState.ELSEWHERE

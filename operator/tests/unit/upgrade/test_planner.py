@@ -12,6 +12,7 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     MAINTENANCE_ANNOTATION,
     NODE_STATE_LABEL,
+    RELEASED_ANNOTATION,
     STACK_LABEL,
     UPGRADE_SKIP_LABEL,
 )
@@ -724,6 +725,8 @@ def test_unselected_node_is_released_and_uncordoned_if_ours() -> None:
     t = only(plan(snapshot(n), desired(names=[], stack="gpus"), POLICY))
     assert t.to_state is None and has(t, Uncordon)
     assert labels_of(t) == {NODE_STATE_LABEL: None, DEPLOY_DEVICE_PLUGIN_LABEL: None, STACK_LABEL: None}
+    # the moment of the release, so the next stack does not take the lingering advertisement for another's
+    assert annotations_of(t)[RELEASED_ANNOTATION] == ago(0)
 
 
 def test_released_node_keeps_the_dra_plugin_while_pods_hold_claims() -> None:
@@ -733,6 +736,7 @@ def test_released_node_keeps_the_dra_plugin_while_pods_hold_claims() -> None:
     result = plan(snapshot(n), desired(names=[], stack="gpus"), POLICY)
     assert DEPLOY_DRA_KUBELET_PLUGIN_LABEL not in labels_of(only(result))
     assert hold_nodes(result, HoldReason.CLAIMS_HELD) == ("n1",)
+    assert RELEASED_ANNOTATION not in annotations_of(only(result))  # still the stack's
 
 
 def test_another_stacks_node_is_not_touched() -> None:
