@@ -12,12 +12,11 @@ Rules:
   a condition; a node the stack held is released): two plugins would advertise the same GPUs twice. So
   is a node that already advertises GPUs (allocatable `nvidia.com/gpu`, `.shared`, `mig-*`, or
   ResourceSlices of `gpu.nvidia.com`) while gpuforge neither marks it (stack label, a deploy label on)
-  nor runs a plugin pod there: some other installation serves it. (The upgrade engine writes the stack
-  label with every state it gives a node, so an upgrade-state label alone is a leftover of a deleted
-  GpuStack, not a mark.) A node gpuforge marks is its
-  own, whatever it advertises: while the upgrade engine moves or releases it, the old advertisement
-  lingers; so is a node released less than `RELEASE_GRACE` ago (annotation `gpuforge.io/released-at`),
-  whose departed plugin's advertisement kubelet has not withdrawn yet.
+  nor runs a plugin pod there: some other installation serves it. A node gpuforge marks is its own,
+  whatever it advertises: while the upgrade engine moves it, the old advertisement lingers. So is a node
+  released less than `RELEASE_GRACE` ago (annotation `gpuforge.io/released-at`): kubelet has not
+  withdrawn its departed plugin's advertisement yet. The upgrade engine writes the stack label with
+  every state it gives a node, so an upgrade-state label alone is a deleted GpuStack's leftover, no mark.
 - A node whose kubelet (or the API server) cannot work with the operand is refused, named in a condition;
   a node already running the operand is left running.
 - Which operand runs on a node (the deploy labels) is decided node by node by the upgrade engine
