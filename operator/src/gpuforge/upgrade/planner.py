@@ -978,14 +978,19 @@ _MOVING_STATES = IN_FLIGHT_STATES | {NodeState.UPGRADE_REQUIRED}
 
 def _forward_only(ctx: _Context, nodes: Iterable[GpuNode]) -> tuple[ForwardOnly, ...]:
     """The nodes whose move to the target cannot be rolled back, by the release they leave."""
+    if ctx.target.mode is not Mode.DRA:
+        return ()
+    refused: dict[Placement, str | None] = {}  # per release left: few, however many nodes
     by_origin: dict[Placement, list[str]] = {}
     for node in nodes:
         origin = Placement.parse(node.annotations.get(FROM_ANNOTATION)) or ctx.current(node)
-        if origin != ctx.target and _rollback_refused(ctx.target, origin):
+        if origin not in refused:
+            refused[origin] = _rollback_refused(ctx.target, origin) if origin != ctx.target else None
+        if refused[origin]:
             by_origin.setdefault(origin, []).append(node.name)
     out = []
     for origin, names in sorted(by_origin.items(), key=lambda item: str(item[0])):
-        why = _rollback_refused(ctx.target, origin)
+        why = refused[origin]
         message = (
             f"{origin} -> {ctx.target} is forward-only: {why}. Rollback to {origin.version} will be "
             f"refused (whatever onFailure says): a node that fails stays on {ctx.target.version}, "
