@@ -18,7 +18,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpuforge.constants import GFD_PRODUCT_LABEL, SIM_POOL_LABEL, STACK_LABEL
+from gpuforge.constants import DRA_DRIVER_GPU, GFD_PRODUCT_LABEL, SIM_POOL_LABEL, STACK_LABEL
 from gpuforge.upgrade import plan as make_plan
 from gpuforge.upgrade.model import (
     FAILURE_ANNOTATION,
@@ -114,7 +114,8 @@ def plan_steps(result: Plan) -> list[dict[str, Any]]:
     return steps
 
 
-def plan_report(result: Plan) -> dict[str, Any]:
+def plan_report(result: Plan, elsewhere: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`elsewhere`: selected nodes left to another installation (node -> why), which the plan skips."""
     return {
         "target": result.target,
         "forwardOnly": [
@@ -128,6 +129,7 @@ def plan_report(result: Plan) -> dict[str, Any]:
             {"reason": r.reason.value, "nodes": list(r.nodes), "message": r.message} for r in result.refusals
         ],
         "failed": list(result.failed),
+        "servedElsewhere": [{"node": n, "reason": why} for n, why in sorted((elsewhere or {}).items())],
     }
 
 
@@ -147,9 +149,13 @@ class NotInstalled(click.ClickException):
     exit_code = 3
 
 
-def _read(kubeconfig: str | None, stack_name: str | None) -> tuple[Snapshot, Mapping[str, Any] | None]:
-    """Snapshot of the nodes (of one GpuStack, or all GPU nodes) and the GpuStack object."""
-    from gpuforge.k8s.client import ApiError, Kube
+def _read(
+    kubeconfig: str | None, stack_name: str | None
+) -> tuple[Snapshot, Mapping[str, Any] | None, dict[str, str]]:
+    """Snapshot of the nodes (of one GpuStack, or all GPU nodes), the GpuStack object, and the nodes
+    another installation serves (node -> why), which the operator leaves alone."""
+    from gpuforge.k8s.client import ApiError, Kube, node_facts, plugin_nodes, slices_per_node
+    from gpuforge.render.placement import served_elsewhere
     from gpuforge.upgrade.convert import snapshot_from_objects
 
     try:
@@ -186,13 +192,20 @@ def _read(kubeconfig: str | None, stack_name: str | None) -> tuple[Snapshot, Map
         or selects(n.get("metadata", {}).get("labels") or {})
     ]
     now = datetime.now().astimezone()
+    with_plugin = plugin_nodes(pods)
+    per_node = slices_per_node(s for s in slices if (s.get("spec") or {}).get("driver") == DRA_DRIVER_GPU)
+    elsewhere = {
+        n["metadata"]["name"]: why
+        for n in nodes
+        if (why := served_elsewhere(node_facts(n, per_node, with_plugin), now))
+    }
     snapshot = snapshot_from_objects(
         nodes, pods, slices, now=now, claims=claims, served_resource_versions=served, names=names
     )
     if name is None:
         gpu = [n for n in snapshot.nodes if n.operands or n.state is not None or STACK_LABEL in n.labels]
         snapshot = Snapshot(tuple(gpu), snapshot.now, snapshot.served_resource_versions)
-    return snapshot, stack
+    return snapshot, stack, elsewhere
 
 
 def _selector(stack: Mapping[str, Any] | None) -> Callable[[Mapping[str, str]], bool]:
@@ -236,7 +249,7 @@ def desired_from_stack(stack: Mapping[str, Any], selected: Sequence[str]) -> Des
 )
 def status(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     """Per-node table: pool, mode, version, upgrade state and since when."""
-    snapshot, _ = _read(kubeconfig, stack_name)
+    snapshot, _, _ = _read(kubeconfig, stack_name)
     rows = status_rows(snapshot)
     if output != "table":
         _emit(rows, output)
@@ -270,7 +283,7 @@ def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     """What the upgrade engine would do next, in order, without doing it."""
     from gpuforge.upgrade.convert import PolicyError, policy_from_spec
 
-    snapshot, stack = _read(kubeconfig, stack_name)
+    snapshot, stack, elsewhere = _read(kubeconfig, stack_name)
     if stack is None:
         raise click.ClickException("no GpuStack to plan for (name one with --stack)")
     try:
@@ -281,10 +294,13 @@ def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     from gpuforge.k8s.upgrade import dra_support
 
     selects = _selector(stack)
-    selected = [n.name for n in snapshot.nodes if selects(n.labels)]
+    picked = [n.name for n in snapshot.nodes if selects(n.labels)]
+    # As the operator does: a node another installation serves is not the stack's to move.
+    selected = [name for name in picked if name not in elsewhere]
+    left = {name: elsewhere[name] for name in picked if name in elsewhere}
     desired = dataclasses.replace(desired_from_stack(stack, selected), dra_support=dra_support(compat.load()))
     result = make_plan(snapshot, desired, policy)
-    report = plan_report(result)
+    report = plan_report(result, left)
     if output != "table":
         _emit(report, output)
         return
@@ -303,3 +319,7 @@ def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
         console.print(f"[yellow]waiting[/] {hold['reason']}: {hold['message']} ({', '.join(hold['nodes'])})")
     for refusal in report["refusals"]:
         console.print(f"[red]refused[/] {refusal['reason']}: {refusal['message']}")
+    for node in report["servedElsewhere"]:
+        console.print(
+            f"[dim]left to another installation[/] {node['node']}: {node['reason']}", highlight=False
+        )

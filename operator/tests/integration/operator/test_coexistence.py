@@ -94,6 +94,18 @@ def events(cluster: Any, kind: str, name: str, reason: str) -> list[dict[str, An
     return items
 
 
+def gpuforge_plan(cluster: Any, stack: str, *args: str) -> str:
+    """`gpuforge plan`, run as a user runs it."""
+    result = subprocess.run(
+        [str(GPUFORGE), "plan", "--stack", stack, f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def passes(operator: Operator, stack: str) -> int:
     return operator.log.read_text(errors="replace").count(f"reconciled GpuStack {stack}:")
 
@@ -132,6 +144,11 @@ def test_nodes_another_installation_serves_are_left_to_it(
     assert nodes[FREE]["metadata"]["labels"][STACK_LABEL] == "coexist"
     # The other plugin's advertisement stands; nothing of gpuforge's changed it.
     assert nodes[ADVERTISING]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+
+    # `gpuforge plan` leaves them out as the operator does, and says why.
+    report = yaml.safe_load(gpuforge_plan(cluster, "coexist", "-o", "yaml"))
+    assert {e["node"]: e["reason"] for e in report["servedElsewhere"]} == elsewhere
+    assert not {s["node"] for s in report["steps"]} & {LABELLED, ADVERTISING}
 
     # Events name each node and why: on the GpuStack, and on each Node, once.
     stack_events = wait_for(
@@ -197,24 +214,14 @@ def test_plan_says_a_forward_only_upgrade_before_it_starts(
     cluster.kubectl("apply", "-f", "-", input=gpustack("dra", spec))
     wait_for("the operator to see v0.4.0", lambda: stack_status(cluster, "dra").get("version") == "v0.4.0")
 
-    def gpuforge_plan(*args: str) -> str:
-        result = subprocess.run(
-            [str(GPUFORGE), "plan", "--stack", "dra", f"--kubeconfig={cluster.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    table = gpuforge_plan()
+    table = gpuforge_plan(cluster, "dra")
     lines = table.splitlines()
     assert lines[0].startswith("Target dra@v0.4.0")
     assert lines[1].startswith("forward-only dra@v25.12.0 -> dra@v0.4.0 is forward-only"), table
     flat = " ".join(table.split())
     assert "Rollback to v25.12.0 will be refused" in flat and "checkpoint" in flat
     assert all(name in flat for name in (LABELLED, ADVERTISING, FREE))
-    report = yaml.safe_load(gpuforge_plan("-o", "yaml"))
+    report = yaml.safe_load(gpuforge_plan(cluster, "dra", "-o", "yaml"))
     (warning,) = report["forwardOnly"]
     assert warning["from"] == "dra@v25.12.0" and warning["nodes"] == sorted([LABELLED, ADVERTISING, FREE])
 

@@ -55,6 +55,14 @@ def test_plan_report_says_a_move_is_forward_only_before_its_steps() -> None:
     assert plan_report(plan(snapshot(*nodes), desired(names=["a", "b"]), Policy()))["forwardOnly"] == []
 
 
+def test_plan_report_names_the_nodes_left_to_another_installation() -> None:
+    result = plan(snapshot(node("a", mode=DP)), desired(names=["a"]), Policy())
+    why = "a device plugin gpuforge did not deploy advertises nvidia.com/gpu"
+    report = plan_report(result, {"z": why, "b": why})
+    assert report["servedElsewhere"] == [{"node": "b", "reason": why}, {"node": "z", "reason": why}]
+    assert plan_report(result)["servedElsewhere"] == []
+
+
 def test_desired_from_stack() -> None:
     stack = {"metadata": {"name": "gpus"}, "spec": {"mode": "dra", "dra": {"version": "v25.12.0"}}}
     want = desired_from_stack(stack, ["n1"])
