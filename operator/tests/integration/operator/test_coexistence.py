@@ -22,7 +22,7 @@ from gpuforge.constants import (
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
     STACK_LABEL,
 )
-from gpuforge.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 from ..operator_process import (
     GPUFORGE,
