@@ -137,7 +137,7 @@ class _Step:
     holds: list[tuple[HoldReason, str]] = field(default_factory=list)  # why the node waits, for the status
 
 
-class _Context:
+class PlanContext:
     """Per-plan facts shared by all nodes."""
 
     def __init__(self, snapshot: Snapshot, desired: Desired, policy: Policy) -> None:
@@ -362,7 +362,7 @@ def _why_blocked(pod: WorkloadPod) -> str:
 
 
 class _NodePlanner:
-    def __init__(self, ctx: _Context, node: GpuNode) -> None:
+    def __init__(self, ctx: PlanContext, node: GpuNode) -> None:
         self.ctx = ctx
         self.node = node
         self.policy = ctx.policy
@@ -741,7 +741,7 @@ def _merge(steps: list[_Step]) -> _Step:
     return out
 
 
-def _transition(ctx: _Context, node: GpuNode, step: _Step) -> Transition | None:
+def _transition(ctx: PlanContext, node: GpuNode, step: _Step) -> Transition | None:
     """Turn a step into a Transition (None if it does nothing): state label, timer, stack label, actions."""
     labels = dict(step.labels)
     annotations = dict(step.annotations)
@@ -768,207 +768,296 @@ def _transition(ctx: _Context, node: GpuNode, step: _Step) -> Transition | None:
     return Transition(node.name, node.state, step.state, tuple(actions), step.message, step.failure)
 
 
-# --- the whole cluster ----------------------------------------------------------------------------
+# --- the whole cluster: each node classified, then free slots admitted -------------------------------
+
+
+class NodeClass(enum.Enum):
+    """What one node needs from this plan, before slots are counted (see `classify_node`)."""
+
+    OTHERS = "others"  # not selected, and not ours to release (another stack's, or under maintenance)
+    RELEASE = "release"  # not selected but still marked by us: take everything of ours off it
+    MAINTENANCE = "maintenance"  # selected but under maintenance: not touched until it ends
+    IN_FLIGHT = "in-flight"  # started earlier: its next step
+    FAILED = "failed"  # failed on this very target: stays so (or recovers) until someone relabels it
+    IN_SYNC = "in-sync"  # runs the target already
+    INSTALL = "install"  # runs nothing yet: the target is turned on at once, without a slot
+    REFUSED = "refused"  # the target cannot serve it (DRA compatibility): waits, named in the refusals
+    CANDIDATE = "candidate"  # needs a change that takes a slot: admission decides when
+
+
+@dataclass(frozen=True, slots=True)
+class Classified:
+    """One node's class, and what the class depends on."""
+
+    node: GpuNode
+    kind: NodeClass
+    change: Change | None = None
+    refusal: tuple[RefusalReason, str] | None = None
+    hold: tuple[HoldReason, str] | None = None  # why an INSTALL or CANDIDATE node may not start now
+
+
+def start_hold(node: GpuNode, policy: Policy) -> tuple[HoldReason, str] | None:
+    """Why `node` itself may not be started, whatever the slots: the skip label, or NotReady."""
+    if policy.skip_label and node.labels.get(policy.skip_label) == "true":
+        return HoldReason.SKIPPED, f"nodes labelled {policy.skip_label}=true are left alone"
+    if not node.ready:
+        return HoldReason.NOT_READY, "NotReady nodes are not started"
+    return None
+
+
+def classify_node(ctx: PlanContext, node: GpuNode) -> Classified:
+    """The class of one node, from that node alone and the plan's target. Pure."""
+    policy = ctx.policy
+    if node.name not in ctx.desired.selected:
+        ours = not _under_maintenance(node, policy) and _marked_by_us(ctx, node)
+        return Classified(node, NodeClass.RELEASE if ours else NodeClass.OTHERS)
+    if _under_maintenance(node, policy):
+        return Classified(node, NodeClass.MAINTENANCE)
+    if node.state in IN_FLIGHT_STATES:
+        return Classified(node, NodeClass.IN_FLIGHT)
+    change = ctx.classify(node, ctx.target)
+    if node.state in FAILURE_STATES and node.annotations.get(FAILED_TARGET_ANNOTATION) == ctx.fingerprint:
+        return Classified(node, NodeClass.FAILED, change)
+    if change is Change.NONE:
+        return Classified(node, NodeClass.IN_SYNC, change)
+    refusal = ctx.dra_refusal(node)
+    if refusal is not None:
+        return Classified(node, NodeClass.REFUSED, change, refusal)
+    kind = NodeClass.INSTALL if change is Change.INSTALL and not node.held_by_us else NodeClass.CANDIDATE
+    return Classified(node, kind, change, hold=start_hold(node, policy))
+
+
+def _node_step(ctx: PlanContext, item: Classified) -> _Step | None:
+    """The step of a node whose class decides it alone (all but CANDIDATE and MAINTENANCE)."""
+    node = item.node
+    if item.kind is NodeClass.RELEASE:
+        step, claims_wait = _release(ctx, node)
+        if claims_wait:
+            step.holds.append(
+                (
+                    HoldReason.CLAIMS_HELD,
+                    "the DRA kubelet plugin stays on released nodes "
+                    "until no pod there holds a GPU ResourceClaim",
+                )
+            )
+        return step
+    planner = _NodePlanner(ctx, node)
+    if item.kind is NodeClass.IN_FLIGHT:
+        assert node.state is not None
+        return planner.run(node.state, node.state_since)
+    if item.kind is NodeClass.FAILED:
+        assert node.state is not None
+        missing = (
+            not_serving(node, ctx.target, ctx.desired.dra_driver) if item.change is Change.NONE else "differs"
+        )
+        if node.state is NodeState.UPGRADE_FAILED and missing is None:
+            return planner.finish(NodeState.UPGRADE_DONE, "recovered: serving through the target")
+        return _Step(node.state)
+    if item.kind is NodeClass.IN_SYNC:
+        if node.held_by_us:  # an attempt was interrupted after the node got there: finish it properly
+            return planner.run(NodeState.VALIDATION_REQUIRED, None)
+        done = _Step(
+            NodeState.UPGRADE_DONE,
+            message="in sync",
+            annotations={FAILED_TARGET_ANNOTATION: None, FAILURE_ANNOTATION: None},
+        )
+        return _clean(done, node)
+    if item.kind is NodeClass.REFUSED:
+        assert item.refusal is not None
+        return _Step(NodeState.UPGRADE_REQUIRED, message=item.refusal[1])
+    if item.kind is NodeClass.INSTALL:
+        if item.hold is not None:
+            return _Step(NodeState.UPGRADE_REQUIRED, holds=[item.hold])
+        assert ctx.target.mode is not None
+        return _Step(
+            NodeState.VALIDATION_REQUIRED,
+            labels={DEPLOY_LABELS[ctx.target.mode]: ctx.label_value(ctx.target)},
+            message="nothing runs on the node yet: turned on "
+            f"{COMPONENTS[ctx.target.mode]} {ctx.target.version}",
+        )
+    return None  # OTHERS: nothing; MAINTENANCE and CANDIDATE: see `plan`
+
+
+@dataclass(frozen=True, slots=True)
+class Slots:
+    """What admission counts, over the nodes that `weighs_on_admission` (so a snapshot of those nodes and
+    of some waiting ones admits exactly what the whole one does among them)."""
+
+    max_unavailable: int  # resolved against every node the stack selects
+    unavailable: int  # selected nodes cordoned or NotReady now
+    in_progress: int  # selected nodes we hold in flight
+    failed: tuple[str, ...]  # selected nodes failed on this target, sorted
+
+    @classmethod
+    def count(cls, ctx: PlanContext, selected: Iterable[GpuNode], failed: Iterable[str]) -> Slots:
+        nodes = list(selected)
+        return cls(
+            max_unavailable=ctx.policy.max_unavailable.resolve(len(ctx.desired.selected)),
+            unavailable=sum(1 for n in nodes if n.unschedulable or not n.ready),
+            in_progress=sum(1 for n in nodes if n.held_by_us and n.state in IN_FLIGHT_STATES),
+            failed=tuple(sorted(failed)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Admission's answer for one candidate: start it (hold None), or why it waits."""
+
+    node: GpuNode
+    hold: tuple[HoldReason, str] | None
+    queued: bool  # in `Plan.queue`: admitted, or held back only by a slot
+
+
+def admission_order(candidates: Iterable[Classified]) -> list[Classified]:
+    """Already cordoned nodes first (they cost no slot), then those with fewer GPU pods, then by name."""
+    return sorted(
+        candidates,
+        key=lambda c: (not c.node.unschedulable, sum(1 for p in c.node.pods if p.uses_gpu), c.node.name),
+    )
+
+
+def admit(policy: Policy, target: str, slots: Slots, candidates: Iterable[Classified]) -> list[Admission]:
+    """Which candidates start now, in `admission_order`, given maxUnavailable, maxParallel, maxFailures,
+    pause and what is out already. Pure; `target` names the plan's target in the halt message."""
+    budget = slots.max_unavailable - slots.unavailable
+    in_progress = slots.in_progress
+    halted = policy.max_failures > 0 and len(slots.failed) >= policy.max_failures
+    out: list[Admission] = []
+    for item in admission_order(candidates):
+        node = item.node
+        if item.hold is not None:
+            out.append(Admission(node, item.hold, queued=False))
+        elif policy.paused:
+            out.append(Admission(node, (HoldReason.PAUSED, "the upgrade policy is paused"), queued=False))
+        elif halted:
+            message = (
+                f"{len(slots.failed)} node(s) failed on {target}: {_names(slots.failed)}; "
+                "fix or relabel them (state upgrade-required) to go on"
+            )
+            out.append(Admission(node, (HoldReason.HALTED, message), queued=False))
+        elif policy.max_parallel and in_progress >= policy.max_parallel:
+            message = f"{in_progress} of at most {policy.max_parallel} node(s) in progress"
+            out.append(Admission(node, (HoldReason.MAX_PARALLEL, message), queued=True))
+        elif not node.unschedulable and budget < 1:
+            message = (
+                f"{slots.max_unavailable - budget} of at most {slots.max_unavailable} node(s) unavailable "
+                f"(maxUnavailable {policy.max_unavailable})"
+            )
+            out.append(Admission(node, (HoldReason.MAX_UNAVAILABLE, message), queued=True))
+        else:
+            out.append(Admission(node, None, queued=True))
+            in_progress += 1
+            budget -= 0 if node.unschedulable else 1
+    return out
+
+
+class _Collector:
+    """Gathers one plan's parts node by node: transitions, holds, states and failures."""
+
+    def __init__(self, ctx: PlanContext) -> None:
+        self.ctx = ctx
+        self.progress: list[Transition] = []
+        self.admitted: list[Transition] = []
+        self.holds: dict[HoldReason, list[str]] = {}
+        self.hold_text: dict[HoldReason, str] = {}
+        self.refusals: dict[tuple[RefusalReason, str], list[str]] = {}
+        self.states: dict[str, NodeState] = {}
+        self.failed: list[str] = []
+        self.queue: list[str] = []
+
+    def hold(self, reason: HoldReason, name: str, message: str) -> None:
+        self.holds.setdefault(reason, []).append(name)
+        self.hold_text.setdefault(reason, message)
+
+    def add(self, node: GpuNode, step: _Step) -> None:
+        transition = _transition(self.ctx, node, step)
+        if transition is not None:
+            self.progress.append(transition)
+        for reason, message in step.holds:
+            self.hold(reason, node.name, message)
+        if step.state is not None and node.name in self.ctx.desired.selected:
+            self.states[node.name] = step.state
+            failed_target = step.annotations.get(
+                FAILED_TARGET_ANNOTATION, node.annotations.get(FAILED_TARGET_ANNOTATION)
+            )
+            if step.state in FAILURE_STATES and failed_target == self.ctx.fingerprint:
+                self.failed.append(node.name)
+
+    def start(self, node: GpuNode) -> None:
+        step = _admit(self.ctx, node)
+        if _nothing_to_wait_for(self.ctx, node):
+            # Skip ahead in the same patch as the cordon (one node write and one pass fewer). Safe: a GPU
+            # pod that lands before the cordon is caught in wait-old-gone, which sends the node back to
+            # drain before the new stack is turned on.
+            step = _merge([step, _NodePlanner(self.ctx, node).run(NodeState.WAIT_FOR_JOBS_REQUIRED, None)])
+        transition = _transition(self.ctx, node, step)
+        assert transition is not None
+        self.admitted.append(transition)
+        self.states[node.name] = step.state or NodeState.WAIT_FOR_JOBS_REQUIRED
 
 
 def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
     """The transitions to make now, and what waits or is refused (naming the nodes).
 
-    Stateless and idempotent; O(nodes + pods). Transitions are ordered: nodes in flight and releases
-    first, then newly admitted nodes, each group by node name.
+    Stateless and idempotent; O(nodes + pods). Each node is classified on its own (`classify_node`);
+    the candidates then get the free slots (`admit`). Transitions are ordered: nodes in flight and
+    releases first (by node name), then waiting candidates and newly admitted nodes (by admission order).
     """
-    ctx = _Context(snapshot, desired, policy)
+    ctx = PlanContext(snapshot, desired, policy)
     nodes = sorted(snapshot.nodes, key=lambda n: n.name)
-    progress: list[Transition] = []
-    holds: dict[HoldReason, list[str]] = {}
-    hold_text: dict[HoldReason, str] = {}
-    refusals: dict[tuple[RefusalReason, str], list[str]] = {}
-    states: dict[str, NodeState] = {}
-    candidates: list[GpuNode] = []
-    failed: list[str] = []
-
-    def hold(reason: HoldReason, name: str, message: str) -> str:
-        holds.setdefault(reason, []).append(name)
-        hold_text.setdefault(reason, message)
-        return f"waiting: {message}"
-
-    def add(node: GpuNode, step: _Step) -> None:
-        transition = _transition(ctx, node, step)
-        if transition is not None:
-            progress.append(transition)
-        for reason, message in step.holds:
-            hold(reason, node.name, message)
-        if step.state is not None and node.name in desired.selected:
-            states[node.name] = step.state
-            failed_target = step.annotations.get(
-                FAILED_TARGET_ANNOTATION, node.annotations.get(FAILED_TARGET_ANNOTATION)
+    out = _Collector(ctx)
+    candidates: list[Classified] = []
+    for item in (classify_node(ctx, node) for node in nodes):
+        if item.refusal is not None:
+            out.refusals.setdefault(item.refusal, []).append(item.node.name)
+        if item.kind is NodeClass.CANDIDATE:
+            candidates.append(item)
+        elif item.kind is NodeClass.MAINTENANCE:
+            out.hold(
+                HoldReason.MAINTENANCE,
+                item.node.name,
+                "nodes under maintenance are not touched until it ends",
             )
-            if step.state in FAILURE_STATES and failed_target == ctx.fingerprint:
-                failed.append(node.name)
+            if item.node.state is not None:
+                out.states[item.node.name] = item.node.state
+        else:
+            step = _node_step(ctx, item)
+            if step is not None:
+                out.add(item.node, step)
 
     selected_nodes = [n for n in nodes if n.name in desired.selected]
-    for node in nodes:
-        if node.name not in desired.selected:
-            if not _under_maintenance(node, policy):
-                release = _release(ctx, node)
-                if release is not None:
-                    step, claims_wait = release
-                    add(node, step)
-                    if claims_wait:
-                        hold(
-                            HoldReason.CLAIMS_HELD,
-                            node.name,
-                            "the DRA kubelet plugin stays on released nodes "
-                            "until no pod there holds a GPU ResourceClaim",
-                        )
-            continue
-        state = node.state
-        if _under_maintenance(node, policy):
-            hold(HoldReason.MAINTENANCE, node.name, "nodes under maintenance are not touched until it ends")
-            if state is not None:
-                states[node.name] = state
-            continue
-        planner = _NodePlanner(ctx, node)
-        if state in IN_FLIGHT_STATES:
-            add(node, planner.run(state, node.state_since))
-            continue
-        change = ctx.classify(node, ctx.target)
-        if state in FAILURE_STATES and node.annotations.get(FAILED_TARGET_ANNOTATION) == ctx.fingerprint:
-            missing = (
-                not_serving(node, ctx.target, desired.dra_driver) if change is Change.NONE else "differs"
-            )
-            if state is NodeState.UPGRADE_FAILED and missing is None:
-                add(node, planner.finish(NodeState.UPGRADE_DONE, "recovered: serving through the target"))
-            else:
-                add(node, _Step(state))
-            continue
-        if change is Change.NONE:
-            if node.held_by_us:  # an attempt was interrupted after the node got there: finish it properly
-                add(node, planner.run(NodeState.VALIDATION_REQUIRED, None))
-            else:
-                add(
-                    node,
-                    _clean(
-                        _Step(
-                            NodeState.UPGRADE_DONE,
-                            message="in sync",
-                            annotations={FAILED_TARGET_ANNOTATION: None, FAILURE_ANNOTATION: None},
-                        ),
-                        node,
-                    ),
-                )
-            continue
-        refusal = ctx.dra_refusal(node)
-        if refusal is not None:
-            refusals.setdefault(refusal, []).append(node.name)
-        if change is Change.INSTALL and refusal is None and not node.held_by_us:
-            if policy.skip_label and node.labels.get(policy.skip_label) == "true":
-                hold(HoldReason.SKIPPED, node.name, f"nodes labelled {policy.skip_label}=true are left alone")
-                add(node, _Step(NodeState.UPGRADE_REQUIRED))
-            elif not node.ready:
-                hold(HoldReason.NOT_READY, node.name, "NotReady nodes are not started")
-                add(node, _Step(NodeState.UPGRADE_REQUIRED))
-            else:
-                assert ctx.target.mode is not None
-                add(
-                    node,
-                    _Step(
-                        NodeState.VALIDATION_REQUIRED,
-                        labels={DEPLOY_LABELS[ctx.target.mode]: ctx.label_value(ctx.target)},
-                        message="nothing runs on the node yet: turned on "
-                        f"{COMPONENTS[ctx.target.mode]} {ctx.target.version}",
-                    ),
-                )
-            continue
-        if refusal is not None:
-            add(node, _Step(NodeState.UPGRADE_REQUIRED, message=refusal[1]))
-            continue
-        candidates.append(node)
-
-    # --- admissions: who starts now ---------------------------------------------------------------
-    # Every count below is over nodes that `weighs_on_admission` (so a snapshot of those nodes and of
-    # some waiting ones admits exactly what the whole one does among them); the percentage is of the
-    # nodes the stack selects.
-    failed.sort()
-    max_unavailable = policy.max_unavailable.resolve(len(desired.selected))
-    unavailable = sum(1 for n in selected_nodes if n.unschedulable or not n.ready)
-    budget = max_unavailable - unavailable
-    in_progress = sum(1 for n in selected_nodes if n.held_by_us and n.state in IN_FLIGHT_STATES)
-    halted = policy.max_failures > 0 and len(failed) >= policy.max_failures
-    admitted: list[Transition] = []
-    queue: list[str] = []
-    candidates.sort(key=lambda n: (not n.unschedulable, sum(1 for p in n.pods if p.uses_gpu), n.name))
-    for node in candidates:
-        waiting = _Step(NodeState.UPGRADE_REQUIRED)
-        if policy.skip_label and node.labels.get(policy.skip_label) == "true":
-            waiting.message = hold(
-                HoldReason.SKIPPED, node.name, f"nodes labelled {policy.skip_label}=true are left alone"
-            )
-        elif not node.ready:
-            waiting.message = hold(HoldReason.NOT_READY, node.name, "NotReady nodes are not started")
-        elif policy.paused:
-            waiting.message = hold(HoldReason.PAUSED, node.name, "the upgrade policy is paused")
-        elif halted:
-            waiting.message = hold(
-                HoldReason.HALTED,
-                node.name,
-                f"{len(failed)} node(s) failed on {ctx.fingerprint}: {_names(failed)}; "
-                "fix or relabel them (state upgrade-required) to go on",
-            )
-        elif policy.max_parallel and in_progress >= policy.max_parallel:
-            queue.append(node.name)
-            waiting.message = hold(
-                HoldReason.MAX_PARALLEL,
-                node.name,
-                f"{in_progress} of at most {policy.max_parallel} node(s) in progress",
-            )
-        elif not node.unschedulable and budget < 1:
-            queue.append(node.name)
-            waiting.message = hold(
-                HoldReason.MAX_UNAVAILABLE,
-                node.name,
-                f"{max_unavailable - budget} of at most {max_unavailable} node(s) unavailable "
-                f"(maxUnavailable {policy.max_unavailable})",
-            )
+    slots = Slots.count(ctx, selected_nodes, out.failed)
+    for admission in admit(policy, ctx.fingerprint, slots, candidates):
+        if admission.queued:
+            out.queue.append(admission.node.name)
+        if admission.hold is None:
+            out.start(admission.node)
         else:
-            queue.append(node.name)
-            waiting = _admit(ctx, node)
-            if _nothing_to_wait_for(ctx, node):
-                # Skip ahead in the same patch as the cordon (one node write and one pass fewer).
-                # Safe: a GPU pod that lands before the cordon is caught in wait-old-gone, which sends
-                # the node back to drain before the new stack is turned on.
-                waiting = _merge(
-                    [waiting, _NodePlanner(ctx, node).run(NodeState.WAIT_FOR_JOBS_REQUIRED, None)]
-                )
-            in_progress += 1
-            budget -= 0 if node.unschedulable else 1
-            transition = _transition(ctx, node, waiting)
-            assert transition is not None
-            admitted.append(transition)
-            states[node.name] = waiting.state or NodeState.WAIT_FOR_JOBS_REQUIRED
-            continue
-        add(node, waiting)
+            waiting = _Step(NodeState.UPGRADE_REQUIRED, message=f"waiting: {admission.hold[1]}")
+            waiting.holds.append(admission.hold)
+            out.add(admission.node, waiting)
 
     # Kubelet compatibility of nodes already on DRA: now, and for a planned kubelet upgrade.
-    kubelet_holds = _kubelet_holds(ctx, selected_nodes)
-    hold_list = [Hold(reason, tuple(sorted(names)), hold_text[reason]) for reason, names in holds.items()]
-    hold_list.extend(kubelet_holds)
+    hold_list = [
+        Hold(reason, tuple(sorted(names)), out.hold_text[reason]) for reason, names in out.holds.items()
+    ]
+    hold_list.extend(_kubelet_holds(ctx, selected_nodes))
     refusal_list = [
         Refusal(reason, tuple(sorted(names)), f"{message}: nodes {_names(names)}")
-        for (reason, message), names in sorted(refusals.items())
+        for (reason, message), names in sorted(out.refusals.items())
     ]
-    refused = {name for names in refusals.values() for name in names}
-    moving = [n for n in selected_nodes if states.get(n.name) in _MOVING_STATES and n.name not in refused]
+    refused = {name for names in out.refusals.values() for name in names}
+    moving = [n for n in selected_nodes if out.states.get(n.name) in _MOVING_STATES and n.name not in refused]
     return Plan(
-        transitions=tuple(progress) + tuple(admitted),
+        transitions=tuple(out.progress) + tuple(out.admitted),
         holds=tuple(sorted(hold_list, key=lambda h: (h.reason.value, h.message))),
         refusals=tuple(refusal_list),
         forward_only=_forward_only(ctx, moving),
-        states=states,
-        failed=tuple(failed),
+        states=out.states,
+        failed=slots.failed,
         target=ctx.fingerprint,
-        admitted=tuple(t.node for t in admitted),
-        queue=tuple(queue),
+        admitted=tuple(t.node for t in out.admitted),
+        queue=tuple(out.queue),
     )
 
 
@@ -976,7 +1065,7 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
 _MOVING_STATES = IN_FLIGHT_STATES | {NodeState.UPGRADE_REQUIRED}
 
 
-def _forward_only(ctx: _Context, nodes: Iterable[GpuNode]) -> tuple[ForwardOnly, ...]:
+def _forward_only(ctx: PlanContext, nodes: Iterable[GpuNode]) -> tuple[ForwardOnly, ...]:
     """The nodes whose move to the target cannot be rolled back, by the release they leave."""
     if ctx.target.mode is not Mode.DRA:
         return ()
@@ -1014,7 +1103,7 @@ def weighs_on_admission(node: GpuNode) -> bool:
     )
 
 
-def _admit(ctx: _Context, node: GpuNode) -> _Step:
+def _admit(ctx: PlanContext, node: GpuNode) -> _Step:
     """Start working on a node: remember how we found it, cordon it, wait for its jobs."""
     annotations: dict[str, str | None] = {FAILED_TARGET_ANNOTATION: None, FAILURE_ANNOTATION: None}
     if not node.held_by_us:  # a retry keeps what the first attempt found
@@ -1030,7 +1119,7 @@ def advance(snapshot: Snapshot, desired: Desired, policy: Policy) -> tuple[Trans
     nodes, without looking at any other node. Never starts a node (admission weighs every node against
     maxUnavailable and maxParallel, so only `plan` admits). Lets the operator act on one node's change at
     once, between whole-cluster plans; `snapshot` may hold just the nodes that changed."""
-    ctx = _Context(snapshot, desired, policy)
+    ctx = PlanContext(snapshot, desired, policy)
     out = []
     for node in sorted(snapshot.nodes, key=lambda n: n.name):
         if (
@@ -1045,7 +1134,7 @@ def advance(snapshot: Snapshot, desired: Desired, policy: Policy) -> tuple[Trans
     return tuple(out)
 
 
-def _nothing_to_wait_for(ctx: _Context, node: GpuNode) -> bool:
+def _nothing_to_wait_for(ctx: PlanContext, node: GpuNode) -> bool:
     """No pod has to finish or leave before the change: the admitted node need not wait a pass for its
     cordon to be seen. Not with drain or waitForCompletion, whose pods must be looked at after the cordon."""
     policy = ctx.policy
@@ -1061,19 +1150,21 @@ def _under_maintenance(node: GpuNode, policy: Policy) -> bool:
     return value is not None and value.lower() not in ("", "false")
 
 
-def _release(ctx: _Context, node: GpuNode) -> tuple[_Step, bool] | None:
-    """A node the stack no longer selects but still marks: take everything of ours off it. The DRA plugin
-    goes only when no pod there holds a GPU claim (else those pods hang in Terminating)."""
+def _marked_by_us(ctx: PlanContext, node: GpuNode) -> bool:
+    """Does a node the stack does not select still carry our labels or annotations?"""
     if node.labels.get(STACK_LABEL) != ctx.desired.stack and ctx.desired.stack:
-        return None  # another stack's node (or nobody's): not ours to touch
-    ours = (
+        return False  # another stack's node (or nobody's): not ours to touch
+    return (
         NODE_STATE_LABEL in node.labels
         or any(label in node.labels for label in DEPLOY_LABELS.values())
         or any(key in node.annotations for key in (INITIAL_UNSCHEDULABLE_ANNOTATION, FROM_ANNOTATION))
         or STACK_LABEL in node.labels
     )
-    if not ours:
-        return None
+
+
+def _release(ctx: PlanContext, node: GpuNode) -> tuple[_Step, bool]:
+    """A node the stack no longer selects but still marks (`_marked_by_us`): take everything of ours off
+    it. The DRA plugin goes only when no pod there holds a GPU claim (else those pods hang in Terminating)."""
     labels: dict[str, str | None] = {NODE_STATE_LABEL: None}
     labels[DEPLOY_LABELS[Mode.DEVICE_PLUGIN]] = None
     claims_wait = any(p.holds_claim for p in node.pods) and DEPLOY_LABELS[Mode.DRA] in node.labels
@@ -1102,7 +1193,7 @@ def _release(ctx: _Context, node: GpuNode) -> tuple[_Step, bool] | None:
     return step, claims_wait
 
 
-def _kubelet_holds(ctx: _Context, nodes: list[GpuNode]) -> list[Hold]:
+def _kubelet_holds(ctx: PlanContext, nodes: list[GpuNode]) -> list[Hold]:
     """Nodes on DRA whose running driver cannot talk to their kubelet now or after the planned upgrade."""
     if not ctx.support:
         return []

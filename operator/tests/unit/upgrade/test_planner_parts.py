@@ -1,0 +1,245 @@
+"""The planner's two halves, table by table: each node's class on its own, then slot admission."""
+
+from __future__ import annotations
+
+import pytest
+from builders import DRA, VERSIONS, desired, gpu_pod, node, snapshot
+
+from gpuforge.constants import UPGRADE_SKIP_LABEL
+from gpuforge.upgrade.model import (
+    FAILED_TARGET_ANNOTATION,
+    MAINTENANCE_ANNOTATION,
+    GpuNode,
+    HoldReason,
+    IntOrPercent,
+    NodeState,
+    Policy,
+    RefusalReason,
+)
+from gpuforge.upgrade.planner import (
+    Classified,
+    NodeClass,
+    PlanContext,
+    Slots,
+    admission_order,
+    admit,
+    classify_node,
+    start_hold,
+)
+
+S = NodeState
+POLICY = Policy(max_unavailable=IntOrPercent(1), max_parallel=0)
+TARGET = f"{DRA}@{VERSIONS[DRA]}"
+SKIP = {UPGRADE_SKIP_LABEL: "true"}
+UNDER_MAINTENANCE = {MAINTENANCE_ANNOTATION: "true"}
+
+
+def classify(n: GpuNode, *, selected: bool = True, served: tuple[str, ...] = ("v1",)) -> Classified:
+    ctx = PlanContext(snapshot(n, served=served), desired(names=[n.name] if selected else []), POLICY)
+    return classify_node(ctx, n)
+
+
+@pytest.mark.parametrize(
+    ("n", "selected", "kind", "hold"),
+    [
+        pytest.param(node(mode=None), False, NodeClass.OTHERS, None, id="unselected-unmarked"),
+        pytest.param(node(), False, NodeClass.RELEASE, None, id="unselected-with-our-deploy-label"),
+        pytest.param(
+            node(annotations=UNDER_MAINTENANCE), False, NodeClass.OTHERS, None, id="unselected-maintenance"
+        ),
+        pytest.param(
+            node(annotations=UNDER_MAINTENANCE), True, NodeClass.MAINTENANCE, None, id="maintenance"
+        ),
+        pytest.param(
+            node(state=S.DRAIN_REQUIRED, held=False, annotations=UNDER_MAINTENANCE),
+            True,
+            NodeClass.MAINTENANCE,
+            None,
+            id="maintenance-wins-over-in-flight",
+        ),
+        pytest.param(
+            node(state=S.DRAIN_REQUIRED, held=False), True, NodeClass.IN_FLIGHT, None, id="in-flight"
+        ),
+        pytest.param(
+            node(state=S.UPGRADE_FAILED, annotations={FAILED_TARGET_ANNOTATION: TARGET}),
+            True,
+            NodeClass.FAILED,
+            None,
+            id="failed-on-this-target",
+        ),
+        pytest.param(
+            node(state=S.UPGRADE_FAILED, annotations={FAILED_TARGET_ANNOTATION: "dra@v0.0.1"}),
+            True,
+            NodeClass.CANDIDATE,
+            None,
+            id="failed-on-another-target-tries-again",
+        ),
+        pytest.param(node(mode=DRA), True, NodeClass.IN_SYNC, None, id="in-sync"),
+        pytest.param(node(mode=None), True, NodeClass.INSTALL, None, id="new-node"),
+        pytest.param(
+            node(mode=None, ready=False),
+            True,
+            NodeClass.INSTALL,
+            HoldReason.NOT_READY,
+            id="new-node-not-ready",
+        ),
+        pytest.param(
+            node(mode=None, labels=SKIP), True, NodeClass.INSTALL, HoldReason.SKIPPED, id="new-node-skipped"
+        ),
+        pytest.param(
+            node(mode=None, held=False), True, NodeClass.CANDIDATE, None, id="new-node-we-hold-takes-a-slot"
+        ),
+        pytest.param(node(), True, NodeClass.CANDIDATE, None, id="mode-change"),
+        pytest.param(
+            node(ready=False), True, NodeClass.CANDIDATE, HoldReason.NOT_READY, id="candidate-not-ready"
+        ),
+        pytest.param(
+            node(ready=False, labels=SKIP),
+            True,
+            NodeClass.CANDIDATE,
+            HoldReason.SKIPPED,
+            id="skip-before-not-ready",
+        ),
+    ],
+)
+def test_classify_node(n: GpuNode, selected: bool, kind: NodeClass, hold: HoldReason | None) -> None:
+    got = classify(n, selected=selected)
+    assert got.kind is kind
+    assert (got.hold[0] if got.hold else None) is hold
+    assert got.refusal is None
+
+
+def test_a_node_the_target_cannot_serve_is_refused_not_held() -> None:
+    got = classify(node(), served=())
+    assert got.kind is NodeClass.REFUSED
+    assert got.refusal is not None and got.refusal[0] is RefusalReason.NO_DRA_API
+
+
+@pytest.mark.parametrize(
+    ("n", "policy", "hold"),
+    [
+        (node(), POLICY, None),
+        (node(ready=False), POLICY, HoldReason.NOT_READY),
+        (node(labels=SKIP), POLICY, HoldReason.SKIPPED),
+        (node(labels={UPGRADE_SKIP_LABEL: "false"}), POLICY, None),
+        (node(labels={"mine/skip": "true"}), Policy(skip_label="mine/skip"), HoldReason.SKIPPED),
+        (node(labels=SKIP), Policy(skip_label=""), None),
+    ],
+)
+def test_start_hold(n: GpuNode, policy: Policy, hold: HoldReason | None) -> None:
+    got = start_hold(n, policy)
+    assert (got[0] if got else None) is hold
+
+
+def candidate(name: str, *, hold: HoldReason | None = None, **kwargs: object) -> Classified:
+    return Classified(
+        node(name, **kwargs),  # type: ignore[arg-type]
+        NodeClass.CANDIDATE,
+        hold=(hold, "held") if hold is not None else None,
+    )
+
+
+def slots(max_unavailable: int = 1, unavailable: int = 0, in_progress: int = 0, failed: int = 0) -> Slots:
+    return Slots(max_unavailable, unavailable, in_progress, tuple(f"f{i}" for i in range(failed)))
+
+
+THREE = [candidate("a"), candidate("b"), candidate("c")]
+
+
+@pytest.mark.parametrize(
+    ("policy", "free", "candidates", "expected"),
+    [
+        pytest.param(POLICY, slots(), THREE, ["a", "MaxUnavailable", "MaxUnavailable"], id="one-slot"),
+        pytest.param(POLICY, slots(max_unavailable=2), THREE, ["a", "b", "MaxUnavailable"], id="two-slots"),
+        pytest.param(POLICY, slots(unavailable=1), THREE, ["MaxUnavailable"] * 3, id="slot-taken"),
+        pytest.param(
+            POLICY,
+            slots(unavailable=1),
+            [candidate("a"), candidate("z", unschedulable=True)],
+            ["z", "MaxUnavailable"],
+            id="cordoned-costs-no-slot",
+        ),
+        pytest.param(
+            Policy(max_unavailable=IntOrPercent(5), max_parallel=1),
+            slots(max_unavailable=5, in_progress=1),
+            THREE,
+            ["MaxParallel"] * 3,
+            id="max-parallel-counts-in-flight",
+        ),
+        pytest.param(
+            Policy(max_unavailable=IntOrPercent(5), max_parallel=2),
+            slots(max_unavailable=5),
+            THREE,
+            ["a", "b", "MaxParallel"],
+            id="max-parallel-counts-admitted",
+        ),
+        pytest.param(Policy(paused=True), slots(max_unavailable=5), THREE, ["Paused"] * 3, id="paused"),
+        pytest.param(
+            Policy(max_failures=2), slots(max_unavailable=5, failed=2), THREE, ["Halted"] * 3, id="halted"
+        ),
+        pytest.param(
+            Policy(max_failures=0), slots(max_unavailable=5, failed=9), THREE[:1], ["a"], id="never-halts"
+        ),
+        pytest.param(
+            POLICY,
+            slots(),
+            [candidate("a", hold=HoldReason.NOT_READY), candidate("b")],
+            ["NodeNotReady", "b"],
+            id="node-hold-takes-no-slot",
+        ),
+        pytest.param(
+            Policy(paused=True),
+            slots(),
+            [candidate("a", hold=HoldReason.SKIPPED)],
+            ["Skipped"],
+            id="node-hold-before-pause",
+        ),
+    ],
+)
+def test_admit(policy: Policy, free: Slots, candidates: list[Classified], expected: list[str]) -> None:
+    got = admit(policy, TARGET, free, candidates)
+    assert [a.hold[0].value if a.hold else a.node.name for a in got] == expected
+
+
+@pytest.mark.parametrize(
+    ("hold", "queued"),
+    [
+        (HoldReason.MAX_UNAVAILABLE, True),
+        (HoldReason.MAX_PARALLEL, True),
+        (HoldReason.PAUSED, False),
+        (HoldReason.HALTED, False),
+        (HoldReason.SKIPPED, False),
+    ],
+)
+def test_only_slots_queue_a_node(hold: HoldReason, queued: bool) -> None:
+    policies = {
+        HoldReason.MAX_UNAVAILABLE: (POLICY, slots(unavailable=1)),
+        HoldReason.MAX_PARALLEL: (Policy(max_parallel=1), slots(in_progress=1)),
+        HoldReason.PAUSED: (Policy(paused=True), slots()),
+        HoldReason.HALTED: (Policy(max_failures=1), slots(failed=1)),
+        HoldReason.SKIPPED: (POLICY, slots()),
+    }
+    policy, free = policies[hold]
+    item = candidate("a", hold=hold if hold is HoldReason.SKIPPED else None)
+    (got,) = admit(policy, TARGET, free, [item])
+    assert got.hold is not None and got.hold[0] is hold
+    assert got.queued is queued
+
+
+def test_admission_order_puts_cordoned_then_fewer_gpu_pods_first() -> None:
+    items = [
+        candidate("a", pods=[gpu_pod("p1"), gpu_pod("p2")]),
+        candidate("b", pods=[gpu_pod("p3")]),
+        candidate("c", pods=[gpu_pod("p4"), gpu_pod("p5")], unschedulable=True),
+        candidate("d"),
+    ]
+    assert [c.node.name for c in admission_order(items)] == ["c", "d", "b", "a"]
+
+
+def test_halt_message_names_the_failed_nodes_and_the_target() -> None:
+    (got,) = admit(Policy(max_failures=1), TARGET, slots(failed=1), [candidate("a")])
+    assert got.hold is not None
+    assert (
+        got.hold[1]
+        == f"1 node(s) failed on {TARGET}: f0; fix or relabel them (state upgrade-required) to go on"
+    )
