@@ -28,6 +28,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from gpuforge.compat.operands import DRA_KUBELET_PLUGIN, UnsupportedRelease, load_operands, rollback_problem
 from gpuforge.constants import NODE_STATE_LABEL, RELEASED_ANNOTATION, STACK_LABEL
@@ -785,8 +786,7 @@ class NodeClass(enum.Enum):
     CANDIDATE = "candidate"  # needs a change that takes a slot: admission decides when
 
 
-@dataclass(frozen=True, slots=True)
-class Classified:
+class Classified(NamedTuple):
     """One node's class, and what the class depends on."""
 
     node: GpuNode
@@ -813,10 +813,11 @@ def classify_node(ctx: PlanContext, node: GpuNode) -> Classified:
         return Classified(node, NodeClass.RELEASE if ours else NodeClass.OTHERS)
     if _under_maintenance(node, policy):
         return Classified(node, NodeClass.MAINTENANCE)
-    if node.state in IN_FLIGHT_STATES:
+    state = node.state
+    if state in IN_FLIGHT_STATES:
         return Classified(node, NodeClass.IN_FLIGHT)
     change = ctx.classify(node, ctx.target)
-    if node.state in FAILURE_STATES and node.annotations.get(FAILED_TARGET_ANNOTATION) == ctx.fingerprint:
+    if state in FAILURE_STATES and node.annotations.get(FAILED_TARGET_ANNOTATION) == ctx.fingerprint:
         return Classified(node, NodeClass.FAILED, change)
     if change is Change.NONE:
         return Classified(node, NodeClass.IN_SYNC, change)
@@ -899,8 +900,7 @@ class Slots:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
+class Admission(NamedTuple):
     """Admission's answer for one candidate: start it (hold None), or why it waits."""
 
     node: GpuNode
