@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from builders import DRA, VERSIONS, desired, gpu_pod, node, snapshot
 
-from gpuforge.constants import UPGRADE_SKIP_LABEL
+from gpuforge.constants import MAINTENANCE_ANNOTATION, UPGRADE_SKIP_LABEL
 from gpuforge.upgrade.model import (
     FAILED_TARGET_ANNOTATION,
-    MAINTENANCE_ANNOTATION,
     GpuNode,
     HoldReason,
     IntOrPercent,
