@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,24 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuforge.clock import wait_for  # one for the whole suite: imported from here by the tests
 from gpuforge_lab.devcluster.cluster import free_ports
 
 OPERATOR_DIR = Path(__file__).parents[2]
 DEPLOY = OPERATOR_DIR / "deploy"
 GPUFORGE = Path(sys.executable).with_name("gpuforge")
 SHIPPED_MANIFESTS = ("crds/gpustacks.gpuforge.io.yaml", "namespace.yaml", "serviceaccount.yaml", "rbac.yaml")
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, interval: float = 0.5) -> Any:
-    """Poll `check` until it returns something truthy (returned), or fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r:.800})")
 
 
 def free_port() -> int:

@@ -275,7 +275,9 @@ def test_switch_to_an_external_url_then_delete(cluster: Any, operator: Operator)
     cluster.kubectl("apply", "-f", "-", input=gpustack("del", ns, {"enabled": True}))
     try:
         wait_for(
-            "QuotaWebhookReady=True", lambda: quota_condition(cluster, "del").get("status") == "True", 120
+            "QuotaWebhookReady=True",
+            lambda: quota_condition(cluster, "del").get("status") == "True",
+            timeout=120,
         )
         # Pointing the configurations at an external webhook removes what ran in the cluster.
         external = {"enabled": True, "webhook": {"url": "https://127.0.0.1:9"}}
@@ -342,7 +344,7 @@ def external_webhook(cluster: Any, tmp_path: Path) -> Iterator[tuple[str, bytes]
         wait_for(
             "the webhook to admit",
             lambda: process.poll() is None and b"admitting GpuQuota requests" in log.read_bytes(),
-            60,
+            timeout=60,
         )
         yield f"https://127.0.0.1:{port}", ca.cert_pem
     finally:

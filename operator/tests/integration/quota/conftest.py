@@ -21,12 +21,14 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+import gpuforge.clock
 from gpuforge.webhook.certs import generate_ca, issue_serving_cert
 from gpuforge_lab.devcluster.cluster import free_ports
 from gpuforge_lab.workloads import gpu_deployment
@@ -287,21 +289,9 @@ def deployment(name: str, quota: str, gpus: int = 1, replicas: int = 1, model: s
     )
 
 
-def wait_for(
-    predicate: Any,
-    timeout: float = 30.0,
-    interval: float = 0.2,
-    message: str = "condition",
-    describe: Any = None,
-) -> None:
-    """Poll `predicate`; on timeout fail with `message` (and what `describe()` says of the state)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    state = f": {describe()}" if describe is not None else ""
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}{state}")
+# The one `wait_for`, polled more often than its default: admissions and status writes take
+# milliseconds, and a quota test waits on them many times.
+wait_for = partial(gpuforge.clock.wait_for, timeout=30.0, interval=0.2)
 
 
 def kubectl(dev_cluster: Any) -> list[str]:
@@ -339,9 +329,9 @@ def gpu_nodes(api_client: Any, namespace: str) -> list[str]:
             },
         )
     wait_for(
+        "simulated GPUs to be advertised",
         lambda: all(
             int((core.read_node(n).status.allocatable or {}).get("nvidia.com/gpu", "0")) > 0 for n in nodes
         ),
-        message="simulated GPUs to be advertised",
     )
     return nodes

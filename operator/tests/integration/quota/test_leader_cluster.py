@@ -60,7 +60,7 @@ def pair(dev_cluster: Any, quota_webhook: WebhookProcess, tmp_path: Path) -> Ite
     try:
         other.start()  # a new Lease: it waits one Lease duration plus the webhook timeout and 5 s
         registered.start(wait_admitting=False)
-        wait_for(lambda: registered.role() == "follower", message="the registered replica to follow")
+        wait_for("the registered replica to follow", lambda: registered.role() == "follower")
         yield Pair(registered, other)
     finally:
         for replica in (other, registered):
@@ -112,7 +112,7 @@ def test_the_follower_forwards_and_a_killed_leader_is_replaced_without_over_admi
     try:
         with ThreadPoolExecutor(50) as pool:
             futures = [pool.submit(client_loop, i) for i in range(50)]
-            wait_for(lambda: len(apps.list_namespaced_deployment(namespace).items) >= 4, message="admissions")
+            wait_for("admissions", lambda: len(apps.list_namespaced_deployment(namespace).items) >= 4)
             pair.other.stop(crash=True)  # SIGKILL mid-race: what it admitted may not be written yet
             killed, before = time.monotonic(), len(apps.list_namespaced_deployment(namespace).items)
             results = [f.result(timeout=240) for f in futures]
@@ -130,7 +130,7 @@ def test_the_follower_forwards_and_a_killed_leader_is_replaced_without_over_admi
     # Lease expiry (6 s, from when the follower last saw it renewed) + its read period + the wait for
     # the dead leader's admissions (webhook timeout 5 s + 5 s to store them) + reading everything.
     assert resumed < LEASE_SECONDS + 2 + 10 + 30
-    wait_for(lambda: quotas.used("race") == "16", timeout=10, message="the status to say 16")
+    wait_for("the status to say 16", lambda: quotas.used("race") == "16", timeout=10)
 
 
 def test_a_leader_stopped_cleanly_hands_over_at_once_and_usage_stays_right(
@@ -140,17 +140,17 @@ def test_a_leader_stopped_cleanly_hands_over_at_once_and_usage_stays_right(
     apps = client.AppsV1Api(api_client)
     for i in range(4):
         apps.create_namespaced_deployment(namespace, deployment(f"l{i}", quotas.name("lead")))
-    wait_for(lambda: quotas.used("lead") == "4", message="usage 4")
+    wait_for("usage 4", lambda: quotas.used("lead") == "4")
     pair.other.stop()  # SIGTERM: stops admitting, writes everything, releases the Lease
     stopped = time.monotonic()
-    wait_for(lambda: pair.registered.role() == "admitting", timeout=10, message="takeover")
+    wait_for("takeover", lambda: pair.registered.role() == "admitting", timeout=10)
     assert time.monotonic() - stopped < 5  # a released Lease needs no wait
     # The new leader recomputes: deletions lower usage (deletes do not go through the webhook).
     for i in range(2):
         apps.delete_namespaced_deployment(f"l{i}", namespace)
-    wait_for(lambda: quotas.used("lead") == "2", message="usage 2 after the handover")
+    wait_for("usage 2 after the handover", lambda: quotas.used("lead") == "2")
     apps.create_namespaced_deployment(namespace, deployment("after", quotas.name("lead")))
-    wait_for(lambda: quotas.used("lead") == "3", message="usage 3")
+    wait_for("usage 3", lambda: quotas.used("lead") == "3")
 
 
 def test_with_pod_label_routing_the_service_reaches_the_leader_only(
@@ -200,8 +200,8 @@ def test_with_pod_label_routing_the_service_reaches_the_leader_only(
             for address in endpoint.addresses
         }
 
-    wait_for(lambda: pod_ip("hook-a") and pod_ip("hook-b"), message="both pods running")
-    wait_for(lambda: endpoints() == {pod_ip("hook-a"), pod_ip("hook-b")}, message="both pods as endpoints")
+    wait_for("both pods running", lambda: pod_ip("hook-a") and pod_ip("hook-b"))
+    wait_for("both pods as endpoints", lambda: endpoints() == {pod_ip("hook-a"), pod_ip("hook-b")})
     certificates = Certificates.issue(tmp_path)
     lease = f"q-route-{uuid.uuid4().hex[:6]}"
     replicas = {
@@ -220,7 +220,7 @@ def test_with_pod_label_routing_the_service_reaches_the_leader_only(
     }
     try:
         replicas["hook-a"].start(wait_admitting=False)
-        wait_for(lambda: replicas["hook-a"].role() != "follower", message="hook-a to lead")
+        wait_for("hook-a to lead", lambda: replicas["hook-a"].role() != "follower")
         replicas["hook-b"].start(wait_admitting=False)
 
         def labels() -> dict[str, str]:
@@ -228,16 +228,16 @@ def test_with_pod_label_routing_the_service_reaches_the_leader_only(
                 name: core.read_namespaced_pod(name, namespace).metadata.labels[label] for name in replicas
             }
 
-        wait_for(lambda: labels() == {"hook-a": "true", "hook-b": "false"}, message="hook-b to step out")
-        wait_for(lambda: endpoints() == {pod_ip("hook-a")}, message="the Service to reach the leader only")
+        wait_for("hook-b to step out", lambda: labels() == {"hook-a": "true", "hook-b": "false"})
+        wait_for("the Service to reach the leader only", lambda: endpoints() == {pod_ip("hook-a")})
         replicas["hook-a"].stop()  # SIGTERM: hands over and releases the Lease
-        wait_for(lambda: replicas["hook-b"].role() != "follower", message="hook-b to take over")
-        wait_for(lambda: labels()["hook-b"] == "true", message="hook-b to take calls again")
+        wait_for("hook-b to take over", lambda: replicas["hook-b"].role() != "follower")
+        wait_for("hook-b to take calls again", lambda: labels()["hook-b"] == "true")
         # hook-a's pod keeps its label: a pod whose webhook stopped is no longer Ready in a cluster, and
         # a replica that starts again in it decides afresh.
-        wait_for(lambda: pod_ip("hook-b") in endpoints(), message="the new leader in the Service")
+        wait_for("the new leader in the Service", lambda: pod_ip("hook-b") in endpoints())
         replicas["hook-a"].start(wait_admitting=False)
-        wait_for(lambda: labels()["hook-a"] == "false", message="the restarted replica to step out")
+        wait_for("the restarted replica to step out", lambda: labels()["hook-a"] == "false")
     finally:
         for replica in replicas.values():
             replica.stop()

@@ -57,16 +57,16 @@ def test_relabelling_a_bare_pod_is_admitted_by_the_new_quota(
     quotas.create("to", {GPU: 0})
     core = client.CoreV1Api(api_client)
     core.create_namespaced_pod(namespace, bare_pod("mover", quotas.name("from"), 1))
-    wait_for(lambda: quotas.used("from") == "1", timeout=10, message="the pod to be charged")
+    wait_for("the pod to be charged", lambda: quotas.used("from") == "1", timeout=10)
     relabel = {"metadata": {"labels": {QUOTA_LABEL: quotas.name("to")}}}
     with pytest.raises(client.ApiException, match="but only 0 is left"):
         core.patch_namespaced_pod("mover", namespace, relabel)
     quotas.patch("to", {"spec": {"hard": {GPU: "1"}}})
     core.patch_namespaced_pod("mover", namespace, relabel)
     wait_for(
+        "the GPU to move to the new quota",
         lambda: quotas.used("from") == "0" and quotas.used("to") == "1",
         timeout=15,
-        message="the GPU to move to the new quota",
         describe=lambda: f"from {quotas.get('from').get('status')}, to {quotas.get('to').get('status')}",
     )
     # Another label change that keeps the quota is not the webhook's business.

@@ -61,7 +61,7 @@ def test_tree_update_rules(quotas: Quotas) -> None:
     with pytest.raises(client.ApiException, match=r"spec\.parent is immutable"):
         quotas.patch("team", {"spec": {"parent": quotas.name("other")}})
     quotas.patch("team", {"spec": {"hard": {GPU: "2"}}})  # lowering is always allowed
-    wait_for(lambda: quotas.used("org") == "2", message="the controller to release the parent's carve-out")
+    wait_for("the controller to release the parent's carve-out", lambda: quotas.used("org") == "2")
     quotas.patch("org", {"spec": {"hard": {GPU: "1"}}})  # below used: allowed, but admits nothing more
     with pytest.raises(client.ApiException, match="only 0 is left"):
         quotas.create("late", {GPU: 1}, parent="org")
@@ -73,7 +73,7 @@ def test_tree_delete_rules(quotas: Quotas) -> None:
     with pytest.raises(client.ApiException, match="only leaves can be deleted"):
         quotas.delete("org")
     quotas.delete("team")
-    wait_for(lambda: quotas.used("org") == "0", message="the parent to get its quota back")
+    wait_for("the parent to get its quota back", lambda: quotas.used("org") == "0")
     quotas.delete("org")
 
 
@@ -92,7 +92,7 @@ def test_fifty_racing_creates_admit_exactly_sixteen(quotas: Quotas, namespace: s
     assert admitted == 16, (admitted, odd[:3], quotas.get("race").get("status"))
     assert not odd, odd[:3]
     assert len(apps.list_namespaced_deployment(namespace).items) == 16
-    wait_for(lambda: quotas.used("race") == "16", timeout=5, message="the status to say 16")
+    wait_for("the status to say 16", lambda: quotas.used("race") == "16", timeout=5)
     time.sleep(6)  # a full resync recomputes from the Deployments that exist: still 16
     assert quotas.used("race") == "16"
 
@@ -117,7 +117,7 @@ def test_fifty_racing_kubectl_scales_admit_exactly_sixteen(
     assert replicas == 16
     # A scale admitted whose write then failed in the API server stays reserved until it settles (<= 60 s):
     # the quota may briefly say more than 16, never allow more than 16.
-    wait_for(lambda: quotas.used("scale") == "16", timeout=70, message="status to settle at 16")
+    wait_for("status to settle at 16", lambda: quotas.used("scale") == "16", timeout=70)
 
 
 def test_a_scale_reservation_keeps_its_generation_on_the_server(
@@ -138,9 +138,9 @@ def test_a_scale_reservation_keeps_its_generation_on_the_server(
 
     # Written right after the answer; settled reservations are dropped in batches (15 s), so it is
     # still there a moment after the scale.
-    wait_for(lambda: bool(mine()), timeout=5, message="the scale's reservation in status")
+    wait_for("the scale's reservation in status", lambda: bool(mine()), timeout=5)
     assert mine()[-1].get("generation") == before + 1, mine()
-    wait_for(lambda: quotas.used("gen") == "2", message="status to settle at 2")
+    wait_for("status to settle at 2", lambda: quotas.used("gen") == "2")
 
 
 def test_webhook_restart_in_the_middle_changes_nothing(
@@ -167,7 +167,7 @@ def test_webhook_restart_in_the_middle_changes_nothing(
         results = [f.result(timeout=180) for f in futures]
     assert results.count("admitted") == 16
     assert len(apps.list_namespaced_deployment(namespace).items) == 16
-    wait_for(lambda: quotas.used("restart") == "16", timeout=5, message="the status to say 16")
+    wait_for("the status to say 16", lambda: quotas.used("restart") == "16", timeout=5)
 
 
 # --- per model, DRA, budgets -------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_model_quota_inside_generic_quota(quotas: Quotas, namespace: str, api_cl
     other = [create(apps, namespace, deployment(f"l{i}", name, model="L4")) for i in range(8)]
     assert other.count("admitted") == 6
     assert "requests.nvidia.com/gpu=1 but only 0 is left" in other[-1]
-    wait_for(lambda: quotas.used("models") == "10", timeout=5, message="the status to say 10")
+    wait_for("the status to say 10", lambda: quotas.used("models") == "10", timeout=5)
     assert quotas.used("models", f"{GPU}.H100") == "4"
 
 
@@ -241,7 +241,7 @@ def test_job_with_claim_template_counts_devices(quotas: Quotas, namespace: str, 
     )
     batch = client.BatchV1Api(api_client)
     batch.create_namespaced_job(namespace, _job("train", quotas.name("dra"), 3))  # 2 devices x 3 pods
-    wait_for(lambda: quotas.used("dra", DRA) == "6", timeout=5, message="the status to say 6")
+    wait_for("the status to say 6", lambda: quotas.used("dra", DRA) == "6", timeout=5)
     with pytest.raises(client.ApiException, match="devices=2 but only 0 is left"):
         batch.create_namespaced_job(namespace, _job("more", quotas.name("dra"), 1))
 
@@ -254,16 +254,14 @@ def test_gpu_hours_accrue_and_a_spent_budget_denies_new_work(
     apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
     assert create(apps, namespace, deployment("runner", quotas.name("hours"))) == "admitted"
     wait_for(
+        "the GPU pod to run",
         lambda: any(
             p.status.phase == "Running"
             for p in core.list_namespaced_pod(namespace, label_selector="app=runner").items
         ),
-        message="the GPU pod to run",
     )
-    wait_for(lambda: float(quotas.used("hours", f"cash/{GPU}")) > 0, message="GPU-hours to accrue")
-    wait_for(
-        lambda: float(quotas.used("hours", f"cash/{GPU}")) >= 3, timeout=30, message="the budget to be spent"
-    )
+    wait_for("GPU-hours to accrue", lambda: float(quotas.used("hours", f"cash/{GPU}")) > 0)
+    wait_for("the budget to be spent", lambda: float(quotas.used("hours", f"cash/{GPU}")) >= 3, timeout=30)
     denied = create(apps, namespace, deployment("late", quotas.name("hours")))
     assert "budget cash/requests.nvidia.com/gpu is spent" in denied
     conditions = {c["type"]: c["status"] for c in quotas.get("hours")["status"]["conditions"]}
@@ -304,14 +302,14 @@ def test_delete_and_recreate_under_the_same_name_keeps_usage_right(
         return [uid for item in status.get("reservations") or [] for uid in item.get("objectUids") or []]
 
     # The API server assigns the uid before validating admission: the create's reservation names it.
-    wait_for(lambda: first.metadata.uid in reservation_uids(), timeout=5, message="the reservation")
+    wait_for("the reservation", lambda: first.metadata.uid in reservation_uids(), timeout=5)
     apps.delete_namespaced_deployment("same", namespace)
     second = apps.create_namespaced_deployment(namespace, deployment("same", quotas.name("uid"), gpus=3))
     assert second.metadata.uid != first.metadata.uid
-    wait_for(lambda: second.metadata.uid in reservation_uids(), timeout=5, message="the reservation")
+    wait_for("the reservation", lambda: second.metadata.uid in reservation_uids(), timeout=5)
     # The old object's deletion must not settle the new one's reservation: usage never dips below 3.
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
         assert int(quotas.used("uid")) >= 3
         time.sleep(0.2)
-    wait_for(lambda: quotas.used("uid") == "3", message="usage 3 for the recreated Deployment")
+    wait_for("usage 3 for the recreated Deployment", lambda: quotas.used("uid") == "3")

@@ -48,16 +48,16 @@ def test_a_completed_job_releases_its_gpus(
     quotas.create("done", {GPU: 1})
     batch = client.BatchV1Api(api_client)
     batch.create_namespaced_job(namespace, gpu_job("first", quotas.name("done")))
-    wait_for(lambda: quotas.used("done") == "1", timeout=10, message="the Job to be charged")
+    wait_for("the Job to be charged", lambda: quotas.used("done") == "1", timeout=10)
     wait_for(
+        "the Job to complete",
         lambda: any(
             c.type == "Complete" and c.status == "True"
             for c in batch.read_namespaced_job_status("first", namespace).status.conditions or ()
         ),
         timeout=60,
-        message="the Job to complete",
     )
-    wait_for(lambda: quotas.used("done") == "0", timeout=15, message="the completed Job to release")
+    wait_for("the completed Job to release", lambda: quotas.used("done") == "0", timeout=15)
     batch.create_namespaced_job(namespace, gpu_job("second", quotas.name("done")))  # room again
 
 
@@ -73,11 +73,11 @@ def test_a_succeeded_bare_pod_releases_its_gpus(quotas: Quotas, namespace: str, 
         },
     }
     core.create_namespaced_pod(namespace, pod)
-    wait_for(lambda: quotas.used("pod") == "1", timeout=10, message="the pod to be charged")
+    wait_for("the pod to be charged", lambda: quotas.used("pod") == "1", timeout=10)
     with pytest.raises(client.ApiException, match="but only 0 is left"):
         core.create_namespaced_pod(namespace, {**pod, "metadata": {**pod["metadata"], "name": "twice"}})
     core.patch_namespaced_pod_status("once", namespace, {"status": {"phase": "Succeeded"}})
-    wait_for(lambda: quotas.used("pod") == "0", timeout=15, message="the Succeeded pod to release")
+    wait_for("the Succeeded pod to release", lambda: quotas.used("pod") == "0", timeout=15)
 
 
 def test_suspending_releases_and_resuming_is_admitted_like_a_create(
@@ -88,12 +88,12 @@ def test_suspending_releases_and_resuming_is_admitted_like_a_create(
     batch.create_namespaced_job(namespace, gpu_job("paused", quotas.name("pause"), suspend=True))
     assert quotas.used("pause") == "0"  # a suspended Job runs no pods
     apps.create_namespaced_deployment(namespace, deployment("serve", quotas.name("pause")))
-    wait_for(lambda: quotas.used("pause") == "1", timeout=10, message="the Deployment to be charged")
+    wait_for("the Deployment to be charged", lambda: quotas.used("pause") == "1", timeout=10)
     with pytest.raises(client.ApiException, match="but only 0 is left"):
         batch.patch_namespaced_job("paused", namespace, {"spec": {"suspend": False}})
     apps.delete_namespaced_deployment("serve", namespace)
-    wait_for(lambda: quotas.used("pause") == "0", timeout=15, message="the Deployment to release")
+    wait_for("the Deployment to release", lambda: quotas.used("pause") == "0", timeout=15)
     batch.patch_namespaced_job("paused", namespace, {"spec": {"suspend": False}})
-    wait_for(lambda: quotas.used("pause") == "1", timeout=10, message="the resumed Job to be charged")
+    wait_for("the resumed Job to be charged", lambda: quotas.used("pause") == "1", timeout=10)
     batch.patch_namespaced_job("paused", namespace, {"spec": {"suspend": True}})
-    wait_for(lambda: quotas.used("pause") == "0", timeout=15, message="suspending to release")
+    wait_for("suspending to release", lambda: quotas.used("pause") == "0", timeout=15)

@@ -82,8 +82,8 @@ def test_a_team_cannot_spend_another_teams_quota(
     by_label = create_as(dev_cluster, "speech-dev", speech, deployment("asr", quotas.name("speech"), gpus=1))
     assert by_label.returncode == 0, by_label.stderr  # admitted by the namespace's label
     # Usage reaches the status written behind, each quota in its own write: wait for both.
-    wait_for(lambda: quotas.used("vision") == "2", timeout=10, message="vision to be charged 2")
-    wait_for(lambda: quotas.used("speech") == "1", timeout=10, message="speech to be charged 1")
+    wait_for("vision to be charged 2", lambda: quotas.used("vision") == "2", timeout=10)
+    wait_for("speech to be charged 1", lambda: quotas.used("speech") == "1", timeout=10)
 
     refused = create_as(dev_cluster, "vision-dev", vision, deployment("root", quotas.name("org")))
     assert refused.returncode != 0

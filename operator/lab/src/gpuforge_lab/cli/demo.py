@@ -19,10 +19,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import yaml
@@ -31,6 +31,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
+from gpuforge.clock import WaitTimeout, wait_for
 from gpuforge.constants import (
     DEPLOY_DEVICE_PLUGIN_LABEL,
     DEPLOY_DRA_KUBELET_PLUGIN_LABEL,
@@ -42,7 +43,6 @@ from gpuforge_lab.devcluster.cluster import DevCluster, free_ports
 from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 from gpuforge_lab.workloads import gpu_deployment
 
-T = TypeVar("T")
 # Wide enough for the node table when the output is a log rather than a terminal.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
 H100_PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -75,17 +75,6 @@ def _repo_root() -> Path:
         if (parent / "galaxy.yml").exists() and (parent / "operator").is_dir():
             return parent
     raise DemoError("run the demo from a gpuforge checkout (make demo)")
-
-
-def wait_for(what: str, check: Callable[[], T], timeout: float = 120.0, interval: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def step(number: int, title: str, text: str) -> None:
@@ -523,7 +512,7 @@ def demo(name: str, keep: bool, skip_ansible: bool, api_profile: str) -> None:
                 while True:
                     run.check_processes()
                     time.sleep(2)
-    except DemoError as error:
+    except (DemoError, WaitTimeout) as error:
         failed = True
         console.print(f"\n[bold red]Demo failed:[/] {error}")
         console.print(f"Logs: {log_dir} and {cluster.log_dir}")
