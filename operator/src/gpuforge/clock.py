@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -96,7 +97,9 @@ class ManualClock:
         if seconds <= 0:
             return False
         deadline: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self._now + seconds, next(self._order), deadline))
+        # At least one step of the float past now, so a wait for a sliver of a second still moves time.
+        wake_at = max(self._now + seconds, math.nextafter(self._now, math.inf))
+        heapq.heappush(self._sleepers, (wake_at, next(self._order), deadline))
         setter = asyncio.ensure_future(event.wait())
         waiters: list[asyncio.Future[Any]] = [deadline, setter]
         try:
@@ -105,6 +108,17 @@ class ManualClock:
             setter.cancel()
             deadline.cancel()
         return event.is_set()
+
+    def advance_to_next(self) -> float | None:
+        """Move time on to the earliest deadline an async wait has (waking it); the seconds that took,
+        or None when nothing waits on this clock."""
+        while self._sleepers and self._sleepers[0][2].done():
+            heapq.heappop(self._sleepers)
+        if not self._sleepers:
+            return None
+        step = max(0.0, self._sleepers[0][0] - self._now)
+        self.advance(step)
+        return step
 
     @property
     def waiting(self) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -212,7 +211,7 @@ class AdmissionHandlers:
             return refusal
         if request.dry_run:  # decide, never record
             return self.ledger.decide(quota_name, ask, self.clock())
-        decision: Decision = self.ledger.admit(quota_name, ask, self.clock(), time.monotonic())
+        decision: Decision = self.ledger.admit(quota_name, ask, self.clock(), self.writer.clock.monotonic())
         if isinstance(decision, Allowed) and decision.status is not None:
             self.writer.poke()
         return decision
@@ -383,7 +382,7 @@ class AdmissionHandlers:
         decision = decide(self.ledger.quota(parent_name))
         if not isinstance(decision, Allowed) or decision.status is None or request.dry_run:
             return decision
-        self.ledger.charge(parent_name, decision.status, time.monotonic())
+        self.ledger.charge(parent_name, decision.status, self.writer.clock.monotonic())
         if not await self.writer.flush([parent_name]):
             # Held in the ledger all the same (a retry of this create replaces it, never adds to it).
             return unavailable(f'the carve-out from GpuQuota "{parent_name}" could not be written yet')

@@ -24,15 +24,14 @@ busy quotas share the budget; each write then carries more admissions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from gpuforge.clock import SYSTEM, Clock
 from gpuforge.k8s.quota import ApiError, Conflict, QuotaApi
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, status_to_object
 from gpuforge.quota.ledger import Ledger
@@ -49,14 +48,14 @@ class WriteBudget:
 
     rate: float
     burst: float = 0.0
-    clock: Callable[[], float] = time.monotonic
+    clock: Clock = SYSTEM
     _tokens: float = field(init=False)
     _at: float = field(init=False)
     _turn: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         self.burst = max(1.0, self.burst or self.rate)
-        self._tokens, self._at = self.burst, self.clock()
+        self._tokens, self._at = self.burst, self.clock.monotonic()
 
     async def take(self, hurry: asyncio.Event) -> None:
         """Wait for a write's turn; at once while `hurry` is set (it may then overdraw the budget,
@@ -65,15 +64,13 @@ class WriteBudget:
             return
         async with self._turn:
             while True:
-                now = self.clock()
+                now = self.clock.monotonic()
                 self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
                 self._at = now
                 if self._tokens >= 1.0 or hurry.is_set():
                     self._tokens -= 1.0
                     return
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout((1.0 - self._tokens) / self.rate):
-                        await hurry.wait()
+                await self.clock.wait(hurry, (1.0 - self._tokens) / self.rate)
 
 
 @dataclass
@@ -91,11 +88,13 @@ class WriteBehind:
     # the controller counts it afresh.
     on_reload: Callable[[str], None] | None = None
     max_backoff: float = 2.0
+    # Every interval, deadline and age here (and the ledger's admission moments) is on this clock.
+    clock: Clock = SYSTEM
     _due: asyncio.Event = field(default_factory=asyncio.Event)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     _busy: set[str] = field(default_factory=set)
     _errors: dict[str, str] = field(default_factory=dict)  # the last failure per quota, for denials
-    _landed: float = field(default_factory=time.monotonic)  # when a write last succeeded
+    _landed: float = field(init=False)  # when a write last succeeded
     _started: dict[str, float] = field(default_factory=dict)  # when each quota's last write began
     _hurry: asyncio.Event = field(default_factory=asyncio.Event)  # set while a flush waits
     _flushes: int = 0
@@ -103,7 +102,8 @@ class WriteBehind:
     _budget: WriteBudget = field(init=False)
 
     def __post_init__(self) -> None:
-        self._budget = WriteBudget(self.rate)
+        self._budget = WriteBudget(self.rate, clock=self.clock)
+        self._landed = self.clock.monotonic()
 
     def poke(self) -> None:
         """The ledger changed: write what is due."""
@@ -118,7 +118,7 @@ class WriteBehind:
         oldest = self.ledger.oldest_unwritten(name)
         if oldest is None:
             return None
-        now = time.monotonic()
+        now = self.clock.monotonic()
         waited = now - oldest
         if waited <= limit:
             return None
@@ -148,20 +148,17 @@ class WriteBehind:
     async def flush(self, names: list[str] | None = None, timeout: float = 3.0) -> bool:
         """Wait until every change made so far to `names` (default: every quota) is written."""
         targets = {name: self.ledger.changes(name) for name in (names or self.ledger.names())}
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         self._flushes += 1
         self._hurry.set()
         self.poke()
         try:
             while any(self.ledger.written_up_to(name) < change for name, change in targets.items()):
-                left = deadline - time.monotonic()
+                left = deadline - self.clock.monotonic()
                 if left <= 0:
                     return False
                 self._progress.clear()
-                try:
-                    async with asyncio.timeout(left):  # (not wait_for: on 3.11 it can swallow a cancel)
-                        await self._progress.wait()
-                except TimeoutError:
+                if not await self.clock.wait(self._progress, left):
                     return False
             return True
         finally:
@@ -173,18 +170,16 @@ class WriteBehind:
         backoff = 0.0
         try:
             while self.may_write() and self.ledger.to_write(name) is not None:
-                wait = self._started.get(name, -math.inf) + self.min_interval - time.monotonic()
+                wait = self._started.get(name, -math.inf) + self.min_interval - self.clock.monotonic()
                 if wait > 0 and not self._hurry.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(wait):  # admissions meanwhile join this write
-                            await self._hurry.wait()
+                    await self.clock.wait(self._hurry, wait)  # admissions meanwhile join this write
                     continue
                 await self._budget.take(self._hurry)
                 pending = self.ledger.to_write(name)  # with every admission made while it waited
                 if pending is None or not self.may_write():
                     break
                 quota, change = pending
-                self._started[name] = time.monotonic()
+                self._started[name] = self.clock.monotonic()
                 try:
                     async with semaphore:
                         written = await self.api.replace_quota_status(
@@ -209,10 +204,10 @@ class WriteBehind:
                     backoff = await self._failed(name, error, backoff)
                     continue
                 backoff = 0.0
-                self._landed = time.monotonic()
+                self._landed = self.clock.monotonic()
                 self._errors.pop(name, None)
                 version = str((written.get("metadata") or {}).get("resourceVersion") or "")
-                waits = self.ledger.written(name, change, version, time.monotonic())
+                waits = self.ledger.written(name, change, version, self.clock.monotonic())
                 metrics.STATUS_WRITES.labels("written").inc()
                 if waits:
                     metrics.BATCH_SIZE.observe(len(waits))
@@ -230,7 +225,7 @@ class WriteBehind:
         self._errors[name] = str(error)
         log.warning("GpuQuota %s: status write failed, retrying: %s", name, error)
         backoff = min(self.max_backoff, backoff * 2 or 0.1)
-        await asyncio.sleep(backoff)
+        await self.clock.wait(asyncio.Event(), backoff)  # an event never set: the backoff in full
         return backoff
 
     async def _read_again(self, name: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuforge.clock import SYSTEM, Clock
 from gpuforge.k8s.quota import ApiError, Conflict
 from gpuforge.quota.leader import Gate, Role, Timing
 from gpuforge.webhook.admission import AdmissionHandlers
@@ -197,12 +198,19 @@ class MemoryApi:
 class Shell:
     """The webhook's pieces as `webhook run` wires them, on a MemoryApi."""
 
-    def __init__(self, api: MemoryApi, clock: Any = None, **controller: Any) -> None:
+    def __init__(
+        self, api: MemoryApi, clock: Any = None, writer_clock: Clock = SYSTEM, **controller: Any
+    ) -> None:
         from gpuforge.webhook.admission import utc_now
 
         self.api = api
         self.leadership = Leadership(TIMING)
-        self.writer = WriteBehind(api, self.leadership.ledger, self.leadership.may_write)  # type: ignore[arg-type]
+        self.writer = WriteBehind(
+            api,  # type: ignore[arg-type]
+            self.leadership.ledger,
+            self.leadership.may_write,
+            clock=writer_clock,
+        )
         self.controller = UsageController(
             api,  # type: ignore[arg-type]
             self.leadership,
