@@ -26,6 +26,7 @@ from gpuforge_lab.devcluster.cluster import DevCluster
 from gpuforge_lab.devcluster.pools import uniform_pools
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
+from gpuforge.k8s.memory import StackMemory
 from gpuforge.k8s.stack import reconcile
 
 
@@ -40,15 +41,16 @@ def _cached_noop(kube: Kube) -> tuple[float, int]:
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result(120)
 
     cache = ClusterCache(kube, lambda _node: None)
+    memory = StackMemory()  # what the operator's passes remember between them, as in the operator
     try:
         on_loop(cache.start())
-        reconcile(kube, "gpus", cache)  # the cache learns the resource.k8s.io version here
+        reconcile(kube, "gpus", memory, cache)  # the cache learns the resource.k8s.io version here
         time.sleep(0.5)
         assert on_loop(cache.wait_synced(60)), "the cluster cache did not sync"
-        reconcile(kube, "gpus", cache)
+        reconcile(kube, "gpus", memory, cache)
         kube.requests.clear()
         cpu = time.process_time()
-        outcome = reconcile(kube, "gpus", cache)
+        outcome = reconcile(kube, "gpus", memory, cache)
         noop_cpu = time.process_time() - cpu
         requests = sum(n for (verb, _), n in kube.requests.items() if verb not in ("watch",))
         assert outcome is not None and outcome.labelled == 0
@@ -87,10 +89,11 @@ def main() -> None:
                 peak = peak_rss_mib(process.pid)
 
                 kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-                reconcile(kube, "gpus")  # warm caches (compat data, templates)
+                memory = StackMemory()
+                reconcile(kube, "gpus", memory)  # warm caches (compat data, templates, what was applied)
                 kube.requests.clear()
                 cpu = time.process_time()
-                outcome = reconcile(kube, "gpus")
+                outcome = reconcile(kube, "gpus", memory)
                 list_cpu = time.process_time() - cpu
                 list_requests = sum(kube.requests.values())
                 assert outcome is not None and outcome.labelled == 0

@@ -30,6 +30,7 @@ from gpuforge.constants import FINALIZER, GROUP, VERSION
 from gpuforge.handlers import metrics
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
+from gpuforge.k8s.memory import StackMemory
 from gpuforge.k8s.stack import Outcome, cleanup, reconcile
 from gpuforge.k8s.upgrade import Stepper, Writer
 
@@ -119,6 +120,13 @@ def _wakes(memo: kopf.Memo) -> set[Wake]:
     return wakes
 
 
+def _memory(memo: kopf.Memo) -> StackMemory:
+    """What every GpuStack's passes remember (gpuforge.k8s.memory); made at startup, like the wakes, so
+    that every object's copy of the memo shares it."""
+    memory: StackMemory = memo["memory"]
+    return memory
+
+
 def _wake_all(memo: kopf.Memo, node: str | None = None, *, whole: bool = False) -> None:
     for wake in _wakes(memo):
         wake.ring(node, whole=whole)
@@ -126,8 +134,10 @@ def _wake_all(memo: kopf.Memo, node: str | None = None, *, whole: bool = False) 
 
 @kopf.on.startup()
 async def start_cache(memo: kopf.Memo, **_: Any) -> None:
-    """The watch-fed cache of nodes, pods, slices and claims, shared by every GpuStack's passes."""
+    """The watch-fed cache of nodes, pods, slices and claims, shared by every GpuStack's passes, and what
+    those passes remember between them (see `_memory`)."""
     memo["wakes"] = set()  # first: see _wakes
+    memo["memory"] = StackMemory()
     cache = ClusterCache(memo["kube"], lambda node: _wake_all(memo, node))
     await cache.start()
     memo["cache"] = cache
@@ -149,11 +159,16 @@ def changed(memo: kopf.Memo, **_: Any) -> None:
 
 
 def _pass(
-    kube: Kube, name: str, cache: ClusterCache | None, woken_at: float | None, stepper: Stepper | None
+    kube: Kube,
+    name: str,
+    memory: StackMemory,
+    cache: ClusterCache | None,
+    woken_at: float | None,
+    stepper: Stepper | None,
 ) -> Outcome | None:
     started = time.monotonic()
     try:
-        outcome = reconcile(kube, name, cache, woken_at, stepper)
+        outcome = reconcile(kube, name, memory, cache, woken_at, stepper)
     except Exception:
         metrics.RECONCILES.labels(name, "error").inc()
         raise
@@ -219,6 +234,7 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
     flight, every WHOLE_PASS_EVERY seconds, with quick steps on each node's change in a lane of their own."""
     kube: Kube = memo["kube"]
     cache: ClusterCache | None = memo.get("cache")
+    memory = _memory(memo)
     loop = asyncio.get_running_loop()
     wake = Wake()
 
@@ -250,7 +266,7 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
             if woken and since is not None:  # how long the change that woke this pass waited for it
                 metrics.WAKE_DELAY_SECONDS.labels(name).observe(time.monotonic() - max(since, last_end))
             try:
-                outcome = await asyncio.to_thread(_pass, kube, name, cache, since, stepper)
+                outcome = await asyncio.to_thread(_pass, kube, name, memory, cache, since, stepper)
                 interval = IDLE_RESYNC if outcome is None or outcome.settled else WHOLE_PASS_EVERY
             except Exception as err:  # any failure: log, back off, try again; the daemon must not die
                 log.exception("reconcile of GpuStack %s failed: %s", name, err)
@@ -274,7 +290,7 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def deleted(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    result = cleanup(memo["kube"], body)
+    result = cleanup(memo["kube"], body, _memory(memo))
     if not result.done:
         raise kopf.TemporaryError(result.waiting, delay=10)
     metrics.forget(name)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from gpuforge.api.convert import to_dict
 from gpuforge.api.gpustack import Condition, GpuStack
 from gpuforge.constants import FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, STACK_LABEL
 from gpuforge.k8s.client import ApiError, Kube
+from gpuforge.k8s.memory import AppliedDigests
 from gpuforge.render import quota_webhook as q
 from gpuforge.render.certs import plan_certificates
 
@@ -53,7 +53,6 @@ NAMESPACED = frozenset(
 )
 # As in gpuforge.k8s.stack: unchanged objects are re-applied (drift) at most this often.
 RESYNC_SECONDS = 25.0
-_last_applied: dict[str, tuple[str, float]] = {}  # stack uid -> (digest of what was applied, when)
 
 Event = tuple[str, str, str]  # (type, reason, message)
 
@@ -164,9 +163,11 @@ def reconcile_quota(
     body: Mapping[str, Any],
     previous: Sequence[Condition],
     stacks: Sequence[GpuStack],
+    applied: AppliedDigests,
     now: datetime | None = None,
 ) -> QuotaOutcome:
-    """One pass over the quota webhook of `stack`; API errors end up in the condition, never raised."""
+    """One pass over the quota webhook of `stack`; API errors end up in the condition, never raised.
+    `applied` remembers what was applied, so unchanged objects are applied again only to resync."""
     now = now or datetime.now(UTC)
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     holder = q.quota_holder(stacks)
@@ -180,7 +181,7 @@ def reconcile_quota(
             if had and not was_elsewhere:
                 deployed = _deployed_namespace(kube, stack)
                 outcome.pruned = _prune(kube, stack, set(), everything=True, deployed=deployed)
-                _last_applied.pop(key, None)
+                applied.forget(key)
                 if outcome.pruned:
                     outcome.events.append(("Normal", q.EVENT_REMOVED, "removed the quota webhook"))
             outcome.condition = q.quota_condition(stack, q.QuotaFacts(holder), previous, stamp)
@@ -191,9 +192,9 @@ def reconcile_quota(
                 stack, q.QuotaFacts(holder, replicas=stack.spec.quota.replicas), (), stamp
             )
             kube.patch_stack_status(stack.name, {"conditions": [*_raw_conditions(body), to_dict(marker)]})
-        return _deploy(kube, stack, previous, holder, now, stamp)
+        return _deploy(kube, stack, previous, holder, now, stamp, applied)
     except (ApiError, q.QuotaSpecError) as err:
-        _last_applied.pop(key, None)
+        applied.forget(key)
         log.warning("GpuStack %s quota webhook: %s", stack.name, err)
         facts = q.QuotaFacts(holder, removing=not enabled_here, error=str(err))
         # An error keeps the condition (and so the record of what to remove) until a pass succeeds.
@@ -202,7 +203,13 @@ def reconcile_quota(
 
 
 def _deploy(
-    kube: Kube, stack: GpuStack, previous: Sequence[Condition], holder: str | None, now: datetime, stamp: str
+    kube: Kube,
+    stack: GpuStack,
+    previous: Sequence[Condition],
+    holder: str | None,
+    now: datetime,
+    stamp: str,
+    memory: AppliedDigests,
 ) -> QuotaOutcome:
     namespace = stack.spec.namespace
     quota = stack.spec.quota
@@ -255,9 +262,8 @@ def _deploy(
             )
     digest = _digest(objects)
     key = stack.uid or stack.name
-    last = _last_applied.get(key)
     applied = pruned = 0
-    if last is None or last[0] != digest or time.monotonic() - last[1] > RESYNC_SECONDS:
+    if memory.due(key, digest, RESYNC_SECONDS):
         was_registered = any(
             p.type == q.CONDITION and p.reason in (q.AVAILABLE, q.UNAVAILABLE, q.EXTERNAL) for p in previous
         )
@@ -267,7 +273,7 @@ def _deploy(
             applied += 1
         keep = {q.ref_of(o) for o in objects}
         pruned = _prune(kube, stack, keep, everything=False, deployed=deployed)
-        _last_applied[key] = (digest, time.monotonic())
+        memory.applied(key, digest)
         if facts.registered and not was_registered:
             events.append(("Normal", q.EVENT_REGISTERED, f"registered {', '.join(q.CONFIGURATIONS)}"))
     return QuotaOutcome(q.quota_condition(stack, facts, previous, stamp), applied, pruned, events)
@@ -279,9 +285,9 @@ def _not_after(cert_pem: bytes) -> str:
     return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def remove_quota(kube: Kube, stack: GpuStack, previous: Sequence[Condition]) -> int:
+def remove_quota(kube: Kube, stack: GpuStack, previous: Sequence[Condition], applied: AppliedDigests) -> int:
     """On GpuStack deletion: remove its quota webhook (not the GpuQuota CRD), configurations first."""
     if not (stack.spec.quota.enabled or q.has_quota_condition(previous)):
         return 0
-    _last_applied.pop(stack.uid or stack.name, None)
+    applied.forget(stack.uid or stack.name)
     return _prune(kube, stack, set(), everything=True, deployed=_deployed_namespace(kube, stack))

@@ -8,7 +8,6 @@ it again (after a crash, on a timer) converges on the same state.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -42,6 +41,7 @@ from gpuforge.k8s.client import (
     plugin_nodes,
     slices_per_node,
 )
+from gpuforge.k8s.memory import AppliedDigests, RenderCache, StackMemory
 from gpuforge.k8s.quota_deploy import QuotaOutcome, reconcile_quota, remove_quota
 from gpuforge.k8s.upgrade import (
     NOTHING,
@@ -72,7 +72,7 @@ from gpuforge.render.manifests import (
 from gpuforge.render.placement import NodeState as PlacementState
 from gpuforge.render.placement import Placement, Problem, operands_in_use, place, release
 from gpuforge.render.status import compute_status
-from gpuforge.upgrade.convert import PolicyError, policy_from_spec
+from gpuforge.upgrade.convert import ConversionMemo, PolicyError, policy_from_spec
 from gpuforge.upgrade.model import NodeState, Plan
 from gpuforge.upgrade.planner import plan as upgrade_plan
 
@@ -82,7 +82,6 @@ log = logging.getLogger(__name__)
 # While the rendered objects stay the same they are applied and pruned again at most every 25 s, and not
 # while nodes are in flight (a rollout's passes stay short); a settled stack's passes correct drift.
 RESYNC_SECONDS = 25.0
-_last_applied: dict[str, tuple[str, float]] = {}  # stack uid -> (digest of what was applied, when)
 
 
 @dataclass(frozen=True)
@@ -138,10 +137,8 @@ def _with_claims(kube: Kube, nodes: Sequence[NodeFacts], names: Sequence[str]) -
     ]
 
 
-_RENDERED: dict[str, list[Manifest]] = {}  # the last few renders: a pass renders what the last one did
-
-
 def _render_all(
+    renders: RenderCache,
     stack: GpuStack,
     operands: frozenset[Mode],
     dra_api: str | None,
@@ -150,23 +147,23 @@ def _render_all(
 ) -> list[Manifest]:
     """`render` is pure; the same inputs (the stack's spec, not its status) give the same manifests."""
     key = repr((stack, sorted(operands), dra_api, sorted(pinned), openshift_scc))
-    if key not in _RENDERED:
-        if len(_RENDERED) >= 16:
-            _RENDERED.pop(next(iter(_RENDERED)))
-        inp = RenderInput(stack, operands, dra_api, compat_data.load(), pinned, openshift_scc=openshift_scc)
-        _RENDERED[key] = render(inp)
-    return copy.deepcopy(_RENDERED[key])
+    return renders.get(
+        key,
+        lambda: render(
+            RenderInput(stack, operands, dra_api, compat_data.load(), pinned, openshift_scc=openshift_scc)
+        ),
+    )
 
 
 def _others_rendered(
-    stack: GpuStack, stacks: Sequence[GpuStack], dra_api: str | None
+    renders: RenderCache, stack: GpuStack, stacks: Sequence[GpuStack], dra_api: str | None
 ) -> list[tuple[GpuStack, list[Manifest]]]:
     out = []
     for other in stacks:
         if other.name == stack.name:
             continue
         try:
-            out.append((other, _render_all(other, frozenset({other.spec.mode}), dra_api)))
+            out.append((other, _render_all(renders, other, frozenset({other.spec.mode}), dra_api)))
         except compat_data.UnknownRelease:
             continue  # that stack reports its own problem
     return out
@@ -195,6 +192,7 @@ def _upgrade(
     dra_api: str | None,
     woken_at: float | None,
     watch: _Stopwatch,
+    conversions: ConversionMemo,
 ) -> _Upgrade | None:
     """Plan the node moves of the stack and carry them out (with a stepper: queue them, and fill the
     slots through it); None when the spec cannot be planned."""
@@ -205,7 +203,7 @@ def _upgrade(
     except PolicyError as err:
         return _Upgrade(Plan(()), NOTHING, (Problem(c.UPGRADE_FAILED, str(err)),), {}, "")
     now = datetime.now(UTC)
-    snapshot = snapshot_of(view, stack.name, placement.planned, now)
+    snapshot = snapshot_of(view, stack.name, placement.planned, now, conversions)
     desired = desired_of(stack, placement.planned, compat_data.load())
     plan = upgrade_plan(snapshot, desired, policy)
     watch.lap("plan")
@@ -243,6 +241,7 @@ def _upgrade(
 def reconcile(
     kube: Kube,
     name: str,
+    memory: StackMemory,
     cache: ClusterCache | None = None,
     woken_at: float | None = None,
     stepper: Stepper | None = None,
@@ -251,7 +250,8 @@ def reconcile(
     slices and claims come from `cache` where it has synced (every decision is still made from one
     snapshot of them), the GpuStacks and served versions from the API. `woken_at`: when the change this
     pass reacts to arrived (time.monotonic), None for a timer's pass. With `stepper` (the operator), node
-    steps are queued rather than waited for, and the stepper gets the pass's context for quick steps."""
+    steps are queued rather than waited for, and the stepper gets the pass's context for quick steps.
+    `memory` is what passes remember between them (what was applied, renders, conversions)."""
     watch = _Stopwatch()
     body = kube.get_stack(name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -277,7 +277,9 @@ def reconcile(
     upgrade: _Upgrade | None = None
     try:
         engine = (stepper, mark) if stepper is not None and mark is not None else None
-        upgrade = _upgrade(kube, stack, body, view, placement, cache, engine, dra_api, woken_at, watch)
+        upgrade = _upgrade(
+            kube, stack, body, view, placement, cache, engine, dra_api, woken_at, watch, memory.conversions
+        )
         if stepper is not None and (upgrade is None or upgrade.steps is None):
             stepper.use(None)  # nothing in flight, or a spec that cannot be planned: no quick step
         if upgrade is not None:
@@ -292,15 +294,21 @@ def reconcile(
                 problems=placement.problems + upgrade.problems,
             )
         desired = (
-            _render_all(stack, placement.operands, placement.dra_api_version, placement.pinned, openshift_scc)
+            _render_all(
+                memory.renders,
+                stack,
+                placement.operands,
+                placement.dra_api_version,
+                placement.pinned,
+                openshift_scc,
+            )
             if _renderable(placement)
             else []
         )
-        shared = held_elsewhere(stack, desired, _others_rendered(stack, stacks, dra_api))
+        shared = held_elsewhere(stack, desired, _others_rendered(memory.renders, stack, stacks, dra_api))
         digest = hashlib.sha256(json.dumps([desired, sorted(shared)], sort_keys=True).encode()).hexdigest()
-        last = _last_applied.get(stack.uid or name)
         moving = upgrade is not None and upgrade.steps is not None  # nodes in flight: no drift resync
-        if last is None or last[0] != digest or (not moving and time.monotonic() - last[1] > RESYNC_SECONDS):
+        if memory.operands.due(stack.uid or name, digest, RESYNC_SECONDS, may_resync=not moving):
             for obj in desired:
                 if object_key(obj) not in shared:
                     kube.apply(obj)
@@ -310,14 +318,14 @@ def reconcile(
                 if _key(ref) not in keep and kube.delete(ref):
                     pruned += 1
                     log.info("pruned %s %s/%s of GpuStack %s", ref.kind, ref.namespace, ref.name, stack.name)
-            _last_applied[stack.uid or name] = (digest, time.monotonic())
+            memory.operands.applied(stack.uid or name, digest)
     except ApiError as err:
         error = str(err)
-        _last_applied.pop(stack.uid or name, None)
+        memory.operands.forget(stack.uid or name)
         log.warning("GpuStack %s: %s", stack.name, error)
     watch.lap("operands")
 
-    quota = _quota_pass(kube, stack, body, stacks)
+    quota = _quota_pass(kube, stack, body, stacks, memory.quota)
     status = compute_status(
         stack, placement, _previous_conditions(body), _now(), error, upgrade.progress if upgrade else ""
     )
@@ -363,10 +371,10 @@ def reconcile(
 
 
 def _quota_pass(
-    kube: Kube, stack: GpuStack, body: Mapping[str, Any], stacks: Sequence[GpuStack]
+    kube: Kube, stack: GpuStack, body: Mapping[str, Any], stacks: Sequence[GpuStack], applied: AppliedDigests
 ) -> QuotaOutcome:
     """The quota webhook (gpuforge.k8s.quota_deploy), after the operands so the namespace exists."""
-    return reconcile_quota(kube, stack, body, _previous_conditions(body), stacks)
+    return reconcile_quota(kube, stack, body, _previous_conditions(body), stacks, applied)
 
 
 def _renderable(placement: Placement) -> bool:
@@ -399,12 +407,12 @@ class Cleanup:
     waiting: str = ""
 
 
-def cleanup(kube: Kube, body: Mapping[str, Any]) -> Cleanup:
+def cleanup(kube: Kube, body: Mapping[str, Any], memory: StackMemory) -> Cleanup:
     """Remove everything the GpuStack made. The DRA kubelet plugin (and what it needs) goes last, only
     once no pod on its nodes holds a ResourceClaim; objects another GpuStack also renders stay for it."""
     stack = GpuStack.from_body(body)
     # The quota webhook first: its configurations must not outlive the webhook they point at.
-    remove_quota(kube, stack, _previous_conditions(body))
+    remove_quota(kube, stack, _previous_conditions(body), memory.quota)
     stacks = [s for s in kube.list_stacks() if s.name != stack.name]
     held = kube.list_nodes({}, label_selector=f"{STACK_LABEL}={stack.name}")
     held = _with_claims(kube, held, [n.name for n in held if DEPLOY_DRA_KUBELET_PLUGIN_LABEL in n.labels])
@@ -421,7 +429,7 @@ def cleanup(kube: Kube, body: Mapping[str, Any]) -> Cleanup:
 
     dra_api = compat_data.load().best_resource_api(kube.served_versions())
     shared: set[ObjectKey] = set()
-    for _, objects in _others_rendered(stack, stacks, dra_api):
+    for _, objects in _others_rendered(memory.renders, stack, stacks, dra_api):
         shared |= {object_key(o) for o in objects}
     for ref in _prune_order(kube.list_owned(stack.name, RENDERED_COMPONENTS, dra_api)):
         if _key(ref) in shared:

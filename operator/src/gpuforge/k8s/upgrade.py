@@ -100,17 +100,16 @@ def desired_of(stack: GpuStack, selected: Iterable[str], compat: compat_data.Com
     )
 
 
-def snapshot_of(view: ClusterView, stack: str, selected: Iterable[str], now: datetime) -> Snapshot:
+def snapshot_of(
+    view: ClusterView, stack: str, selected: Iterable[str], now: datetime, memo: ConversionMemo
+) -> Snapshot:
     """The planner's input: the selected nodes plus every node still labelled as the stack's."""
     names = set(selected) | {
         n["metadata"]["name"]
         for n in view.nodes
         if (n["metadata"].get("labels") or {}).get(STACK_LABEL) == stack
     }
-    return _snapshot(view, names, _MEMO, now)
-
-
-_MEMO = ConversionMemo()  # objects from the watch-fed cache are converted once per resourceVersion
+    return _snapshot(view, names, memo, now)
 
 
 def _snapshot(
