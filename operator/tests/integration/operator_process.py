@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,6 +147,15 @@ class Operator:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             return str(response.read().decode())
+
+    def passes(self, stack: str) -> float:
+        """Whole passes over GpuStack `stack` this process has finished (gpuforge_reconciles_total)."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            match = re.match(r"gpuforge_reconciles_total\{(.*)\} ([0-9.e+]+)$", line)
+            if match and dict(re.findall(r'(\w+)="([^"]*)"', match[1])) == {"stack": stack, "result": "ok"}:
+                total += float(match[2])
+        return total
 
     def log_tail(self, lines: int = 60) -> str:
         if not self.log.exists():

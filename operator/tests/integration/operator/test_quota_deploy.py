@@ -101,15 +101,6 @@ def events(cluster: Any, reason: str) -> list[str]:
     return [str(e["message"]) for e in items]
 
 
-def reconciles(operator: Operator, stack: str) -> float:
-    total = 0.0
-    for line in operator.metrics().splitlines():
-        match = re.match(r"gpuforge_reconciles_total\{(.*)\} ([0-9.e+]+)$", line)
-        if match and dict(re.findall(r'(\w+)="([^"]*)"', match[1])) == {"stack": stack, "result": "ok"}:
-            total += float(match[2])
-    return total
-
-
 def handshake(cert_pem: bytes, key_pem: bytes, ca_bundle: bytes, server_name: str) -> bytes:
     """A TLS handshake as the API server makes it (trusting only `ca_bundle`, checking `server_name`)
     with a server presenting `cert_pem`; returns the certificate presented, as PEM."""
@@ -231,9 +222,7 @@ def test_service_mode_deploys_rotates_and_removes(cluster: Any, operator: Operat
         tls_before = secret_pem(cluster, ns, q.TLS_SECRET, "tls.crt")
         operator.kill()
         operator.start()
-        wait_for(
-            "two passes of the restarted operator", lambda: reconciles(operator, "svc") >= 2, timeout=120
-        )
+        wait_for("two passes of the restarted operator", lambda: operator.passes("svc") >= 2, timeout=120)
         assert secret_pem(cluster, ns, q.CA_SECRET, q.CA_CERT_KEY) == ca
         assert secret_pem(cluster, ns, q.TLS_SECRET, "tls.crt") == tls_before
         assert quota_condition(cluster, "svc")["status"] == "True"
