@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import yaml
@@ -47,6 +48,7 @@ __all__ = [
     "apply",
     "condition",
     "kube_json",
+    "later_pass",
     "merge_patch_stack",
     "operator_factory",
     "sample_nodes",
@@ -66,6 +68,20 @@ def apply(cluster: Any, document: dict[str, Any] | str) -> None:
 
 def merge_patch_stack(cluster: Any, name: str, patch: dict[str, Any]) -> None:
     cluster.kubectl("patch", "gpustack", name, "--type=merge", "-p", json.dumps(patch))
+
+
+def later_pass(cluster: Any, operator: Operator, stack: str, node: str) -> None:
+    """Return once a whole pass over GpuStack `stack` has begun after this call and finished: what the
+    cluster shows then, that pass planned. A label change on `node` (any node the stack reads) wakes the
+    daemon for each pass; the second pass to finish began after the first ended, so after this call."""
+    for turn in range(2):
+        before = operator.passes(stack)
+        cluster.kubectl("label", "node", node, f"test.gpuforge.io/pass={turn}", "--overwrite")
+        wait_for(f"a pass over GpuStack {stack}", partial(_passed, operator, stack, before), timeout=90)
+
+
+def _passed(operator: Operator, stack: str, before: float) -> bool:
+    return operator.passes(stack) > before
 
 
 @dataclass
