@@ -1037,10 +1037,10 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
             waiting.holds.append(admission.hold)
             out.add(admission.node, waiting)
 
-    # Kubelet compatibility of nodes already on DRA: now, and for a planned kubelet upgrade.
     hold_list = [
         Hold(reason, tuple(sorted(names)), out.hold_text[reason]) for reason, names in out.holds.items()
     ]
+    # Kubelet compatibility of nodes already on DRA: now, and for a planned kubelet upgrade.
     hold_list.extend(_kubelet_holds(ctx, selected_nodes))
     refusal_list = [
         Refusal(reason, tuple(sorted(names)), f"{message}: nodes {_names(names)}")
