@@ -55,12 +55,12 @@ def test_reconciled_quota_tree_shows_no_drift(dev_cluster: Any, quota_webhook: W
     assert applied.returncode == 0, applied.stderr
     try:
         wait_for(
+            "every quota of the tree reconciled, the trainer charged to research-vision",
             lambda: (
                 all(reconciled(quota(dev_cluster, n).get("status", {})) for n in names)
                 and quota(dev_cluster, "research-vision").get("status", {}).get("used", {}).get(GPU) == "2"
             ),
             timeout=120,
-            message="every quota of the tree reconciled, the trainer charged to research-vision",
         )
         generations = {n: quota(dev_cluster, n)["metadata"]["generation"] for n in names}
         diff = server_side(dev_cluster, "diff", TREE)
