@@ -24,6 +24,7 @@ from gpuforge.api.gpuquota import (
     ResourceList,
     is_cash_key,
 )
+from gpuforge.quota.keys import hard_key_problems
 from gpuforge.quota.quantity import format_quantity
 from gpuforge.quota.usage import add, restrict
 
@@ -206,6 +207,21 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
 
 
 # --- Tree rules -------------------------------------------------------------------------------------
+
+
+def hard_keys_denied(new: GpuQuota, old: GpuQuota | None) -> Denied | None:
+    """Refuse keys in `spec.hard` nothing is ever counted under (a typo would limit nothing); keys the
+    stored quota already holds are left alone so that it stays editable."""
+    problems = hard_key_problems(new.hard, old.hard if old is not None else ())
+    if not problems:
+        return None
+    return Denied(
+        message=f'GpuQuota "{new.name}": spec.hard.{"; spec.hard.".join(problems)}',
+        quota=new.name,
+        key=problems[0].split(":", 1)[0],
+        reason="Invalid",
+        code=422,
+    )
 
 
 def _missing_parent_keys(child: GpuQuota, parent: GpuQuota) -> Denied | None:

@@ -31,6 +31,7 @@ from gpuforge.quota.admission import (
     admit_quota_create,
     admit_quota_delete,
     admit_quota_update,
+    hard_keys_denied,
     needs_root_permission,
     root_denied,
 )
@@ -345,6 +346,9 @@ class AdmissionHandlers:
             return admit_quota_delete(target, [str(c["metadata"]["name"]) for c in children])
         if new is None:
             return Allowed()
+        bad_keys = hard_keys_denied(new, old)
+        if bad_keys is not None:
+            return bad_keys
         if needs_root_permission(old, new) and not await self.api.may(
             request.user_info,
             {"verb": ROOT_VERB, "group": GROUP, "resource": PLURAL, "name": new.name},
