@@ -71,6 +71,7 @@ RESOURCES: Final[dict[str, Resource]] = {
     "Pod": Resource("/api/v1", "pods", True),
     "Event": Resource("/api/v1", "events", True),
     "Namespace": Resource("/api/v1", "namespaces", False),
+    "LimitRange": Resource("/api/v1", "limitranges", True),
     QUOTA_KIND: Resource(f"/apis/{QUOTA_API_VERSION}", QUOTA_PLURAL, False),
     "ValidatingWebhookConfiguration": Resource(
         "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False

@@ -11,7 +11,7 @@ GPU.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 
@@ -64,6 +64,8 @@ class WorkloadAsk:
     expected: ResourceList
     generation: int = 0  # metadata.generation the object has once this request is persisted
     object_uid: str = ""  # metadata.uid of that object (the API server sets it before validation)
+    # Per key (`limits.cpu`, ...), the containers that leave it unset (gpuforge.quota.limitranges).
+    unset: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def quota_ref(name: str) -> str:
@@ -156,10 +158,38 @@ def _object_uids(rivals: list[str], newest: str) -> tuple[str, ...]:
     return (*dict.fromkeys(uid for uid in rivals if uid != newest), newest)
 
 
+def _unset_denied(quota: GpuQuota, ask: WorkloadAsk, what: str) -> Denied | None:
+    """ResourceQuota's rule: a quota that limits a compute resource needs every container to set it,
+    else the container would take it unchecked (nothing is counted for an unset value)."""
+    for key in sorted({ALIASES.get(key, key) for key in quota.hard if not is_cash_key(key)}):
+        containers = ask.unset.get(key)
+        if containers:
+            return Denied(
+                message=(
+                    f'GpuQuota "{quota.name}" limits {key}: {what} must specify {key} for: '
+                    f"{', '.join(containers)}"
+                ),
+                quota=quota.name,
+                key=key,
+            )
+    return None
+
+
+# ResourceQuota's aliases: `cpu` limits what `requests.cpu` does.
+ALIASES = {
+    "cpu": "requests.cpu",
+    "memory": "requests.memory",
+    "ephemeral-storage": "requests.ephemeral-storage",
+}
+
+
 def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision:
     """Charge `ask.delta` to `quota` if every key it touches has room and no budget it needs is spent."""
     kind = ask.workload.split("/", 1)[0]
     what = f"{kind} {ask.workload.split('/', 1)[-1]}"
+    unset = _unset_denied(quota, ask, what)
+    if unset is not None:
+        return unset
     for key in spent_budgets(quota):
         resource = key.removeprefix(CASH_PREFIX)
         if _amount(ask.delta, resource) > 0:

@@ -11,12 +11,13 @@ device class. gpuforge adds per-model keys (`requests.nvidia.com/gpu.<model>` fr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Final
 
 from gpuforge.api.gpuquota import DEVICE_CLASS_KEY_SUFFIX, RESOURCE_CLAIMS_COUNT_KEY, ResourceList
 from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL
+from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, unset_resources
 from gpuforge.quota.quantity import QuantityError, parse_quantity
 
 # What ResourceQuota charges for a DRA request with allocationMode All (AllocationResultsMaxSize).
@@ -57,6 +58,8 @@ class WorkloadUsage:
     usage: ResourceList = field(default_factory=dict)
     generation: int = 0
     uid: str = ""  # metadata.uid: which object of this name it is
+    # Per key (`limits.cpu`, ...), the containers that leave it unset (a quota on it refuses them).
+    unset: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -346,7 +349,40 @@ def charged_to_owner(pod: Mapping[str, Any], owner: Mapping[str, Any] | None) ->
     uid = str(_get(owner, "metadata.uid") or "")
     if ref.uid and uid and ref.uid != uid:
         return False
-    return str(labels_of(owner).get(QUOTA_LABEL) or "") == str(labels_of(pod).get(QUOTA_LABEL) or "")
+    return quota_label({"kind": ref.kind, **owner}) == str(labels_of(pod).get(QUOTA_LABEL) or "")
+
+
+def _template_labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    if obj.get("kind") not in WORKLOAD_KINDS:
+        return {}
+    try:
+        labels = pod_template(obj).labels
+    except WorkloadError:
+        return {}
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def quota_label(obj: Mapping[str, Any]) -> str:
+    """The quota a workload names: the `gpuforge.io/quota` label on the object, else the one on its pod
+    template (where people put labels for their pods). With both set the object's wins; admission
+    refuses the two disagreeing (`quota_label_conflict`)."""
+    own = labels_of(obj).get(QUOTA_LABEL)
+    if own:
+        return str(own)
+    return str(_template_labels(obj).get(QUOTA_LABEL) or "")
+
+
+def quota_label_conflict(obj: Mapping[str, Any]) -> str:
+    """Why the object's and its pod template's quota labels disagree ("" when they do not)."""
+    own = str(labels_of(obj).get(QUOTA_LABEL) or "")
+    template = str(_template_labels(obj).get(QUOTA_LABEL) or "")
+    if not own or not template or own == template or obj.get("kind") == "Pod":
+        return ""
+    where = pod_template(obj).field.removesuffix(".spec") + ".metadata.labels"
+    return (
+        f"label {QUOTA_LABEL} is {own!r} on the {obj.get('kind')} but {template!r} on its pod template "
+        f"({where}); set it in one place, or to the same quota in both"
+    )
 
 
 def referenced_claims(obj: Mapping[str, Any]) -> ClaimRefs:
@@ -402,9 +438,13 @@ def workload_usage(
     *,
     replicas: int | None = None,
     strict_claims: bool = True,
+    defaults: ContainerDefaults | None = None,
 ) -> WorkloadUsage:
-    """Whole usage of a workload object; `replicas` overrides the object's (the scale subresource)."""
+    """Whole usage of a workload object; `replicas` overrides the object's (the scale subresource);
+    `defaults` are the namespace's LimitRange defaults, filled in as the API server will for its pods."""
     template = pod_template(obj)
+    if defaults:
+        template = replace(template, spec=apply_defaults(template.spec, defaults))
     count = template.replicas if replicas is None else replicas
     if holds_nothing(obj):
         count = 0
@@ -424,11 +464,12 @@ def workload_usage(
         kind=str(obj.get("kind")),
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),
-        quota=str(labels_of(obj).get(QUOTA_LABEL) or ""),
+        quota=quota_label(obj),
         replicas=count,
         usage={key: amount for key, amount in total.items() if amount},
         generation=generation_of(obj),
         uid=str(metadata.get("uid") or ""),
+        unset=unset_resources(template.spec),
     )
 
 

@@ -207,6 +207,8 @@ WEBHOOK_RULES: Final = (
     _rule("", ["pods"], ["get", "list", "watch"]),
     # Namespaces' labels: which namespaces may charge a quota (informer; get for one not cached yet).
     _rule("", ["namespaces"], ["get", "list", "watch"]),
+    # LimitRanges' container defaults, counted as the pods will get them (informer).
+    _rule("", ["limitranges"], ["list", "watch"]),
     # Whether a user may create a root GpuQuota (verb "root"): one SubjectAccessReview per root write.
     _rule("authorization.k8s.io", ["subjectaccessreviews"], ["create"]),
     # Devices asked for through DRA: claim templates and claims a workload references.

@@ -51,9 +51,20 @@ class ClientTarget:
         return config
 
 
-# CEL: only labelled objects, and not those a workload controller made (charged to their owner), by
-# group and kind. Pods always come: the webhook checks that the controller a pod names exists.
-_LABELLED = f"has(object.metadata.labels) && '{QUOTA_LABEL}' in object.metadata.labels"
+# CEL: only objects labelled on themselves or on their pod template (Jobs of a CronJob: on the Job
+# template's pod template), and not those a workload controller made (charged to their owner), by group
+# and kind. Pods always come: the webhook checks that the controller a pod names exists.
+def _has_label(path: str) -> str:
+    """CEL: the object at `path` carries the quota label; each step is tested, since selecting a field
+    that is absent is an error (and an error in a matchCondition fails the request)."""
+    parts = f"{path}.metadata.labels".split(".")
+    steps = [f"has({'.'.join(parts[: index + 1])})" for index in range(1, len(parts))]
+    return f"({' && '.join(steps)} && '{QUOTA_LABEL}' in {path}.metadata.labels)"
+
+
+_LABELLED = " || ".join(
+    _has_label(path) for path in ("object", "object.spec.template", "object.spec.jobTemplate.spec.template")
+)
 _NOT_CONTROLLED = (
     "request.resource.resource == 'pods' || "
     "!has(object.metadata.ownerReferences) || !object.metadata.ownerReferences.exists(o, "
@@ -61,9 +72,10 @@ _NOT_CONTROLLED = (
     "(o.apiVersion.startsWith('apps/') && o.kind in ['Deployment', 'StatefulSet', 'ReplicaSet']) || "
     "(o.apiVersion.startsWith('batch/') && o.kind in ['Job', 'CronJob'])))"
 )
-# A pod's resources are immutable; an update matters only when it moves the pod to another quota.
+# A pod's update matters only when it moves the pod to another quota, or resizes it (`pods/resize`).
 _POD_RELABELLED = (
     "request.resource.resource != 'pods' || request.operation != 'UPDATE' || "
+    "request.subResource == 'resize' || "
     "!has(oldObject.metadata.labels) || !('" + QUOTA_LABEL + "' in oldObject.metadata.labels) || "
     "oldObject.metadata.labels['" + QUOTA_LABEL + "'] != object.metadata.labels['" + QUOTA_LABEL + "']"
 )
@@ -128,6 +140,7 @@ def render_webhook_configurations(
             _rule("apps", ["deployments", "statefulsets", "replicasets"], ["CREATE", "UPDATE"]),
             _rule("batch", ["jobs", "cronjobs"], ["CREATE", "UPDATE"]),
             _rule("", ["pods"], ["CREATE", "UPDATE"]),  # UPDATE: a relabel to another quota
+            _rule("", ["pods/resize"], ["UPDATE"]),  # requests changed in place
         ],
         failure_policy,
         timeout_seconds,

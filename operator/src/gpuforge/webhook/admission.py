@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from gpuforge.api.gpuquota import PLURAL, GpuQuota
-from gpuforge.constants import GROUP, QUOTA_LABEL
+from gpuforge.constants import GROUP
 from gpuforge.k8s.quota import ApiError, Informer, QuotaApi
 from gpuforge.quota.admission import (
     ROOT_VERB,
@@ -37,17 +37,21 @@ from gpuforge.quota.admission import (
 )
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object
 from gpuforge.quota.ledger import Ledger
+from gpuforge.quota.limitranges import ContainerDefaults
 from gpuforge.quota.tenancy import admit_namespace, needs_labels
 from gpuforge.quota.usage import (
     ClaimCatalog,
     OwnerRef,
     WorkloadError,
+    WorkloadUsage,
     charged_to_owner,
     claim_usage,
     generation_of,
     increase,
     is_controlled_by_workload,
     labels_of,
+    quota_label,
+    quota_label_conflict,
     referenced_claims,
     workload_controller,
     workload_ref,
@@ -104,15 +108,16 @@ async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -
 
 
 def trivially_allowed(request: AdmissionRequest) -> bool:
-    """Requests any replica may allow without the ledger: workloads that carry no quota label, that a
-    workload controller owns (charged to their owner), or that are not created or updated. A pod that
-    names a controller is not: any pod can claim one, and whether it exists is for the leader to see."""
-    if request.kind == "GpuQuota" or request.sub_resource == "scale":
+    """Requests any replica may allow without the ledger: workloads that name no quota (on the object
+    or its pod template), that a workload controller owns (charged to their owner), or that are not
+    created or updated. A pod that names a controller is not, nor is a pod's resize: any pod can claim
+    an owner, and whether it exists is for the leader to see."""
+    if request.kind == "GpuQuota" or request.sub_resource in ("scale", "resize"):
         return False
     obj = request.object
     if obj is None or request.operation not in ("CREATE", "UPDATE"):
         return True
-    if not labels_of(obj).get(QUOTA_LABEL):
+    if not quota_label({"kind": request.kind, **obj}):
         return True
     return request.kind != "Pod" and is_controlled_by_workload(obj)
 
@@ -131,6 +136,8 @@ class AdmissionHandlers:
     stall_seconds: float = 2.0
     # Namespaces' labels (watch-fed), for which namespaces may charge a quota; None: read each time.
     namespaces: Informer | None = None
+    # A namespace's LimitRange defaults (watch-fed), filled into templates before they are counted.
+    container_defaults: Callable[[str], ContainerDefaults] = lambda _namespace: ContainerDefaults()
 
     @property
     def ledger(self) -> Ledger:
@@ -219,37 +226,44 @@ class AdmissionHandlers:
 
     async def _usage(
         self, request: AdmissionRequest, obj: Mapping[str, Any], *, replicas: int | None = None, strict: bool
-    ) -> dict[str, Any]:
+    ) -> WorkloadUsage:
         catalog = await claim_catalog(self.api, request.namespace, obj)
-        return dict(workload_usage(obj, catalog, replicas=replicas, strict_claims=strict).usage)
+        defaults = self.container_defaults(request.namespace)
+        return workload_usage(obj, catalog, replicas=replicas, strict_claims=strict, defaults=defaults)
 
     async def workloads(self, request: AdmissionRequest) -> Decision:
-        """CREATE/UPDATE of a Deployment, StatefulSet, ReplicaSet, Job, CronJob or Pod."""
+        """CREATE/UPDATE of a Deployment, StatefulSet, ReplicaSet, Job, CronJob or Pod, and a pod's
+        resize (`pods/resize`, which changes a running pod's requests in place)."""
         if trivially_allowed(request):
             return Allowed()
-        obj = request.object
-        assert obj is not None
-        quota_name = str(labels_of(obj).get(QUOTA_LABEL) or "")
-        obj = {"kind": request.kind, **obj}
-        owner_ref = workload_controller(obj) if request.kind == "Pod" else None
+        assert request.object is not None
+        obj = {"kind": request.kind, **request.object}
+        where = f"{request.kind} {request.namespace}/{request.name}"
+        conflict = quota_label_conflict(obj)
+        if conflict:
+            return Denied(f"{where}: {conflict}", reason="Invalid", code=422)
+        quota_name = quota_label(obj)
+        if not quota_name:
+            return Allowed()  # a resize of a pod that names no quota
+        resize = request.sub_resource == "resize"
+        owner_ref = workload_controller(obj) if request.kind == "Pod" and not resize else None
         if owner_ref is not None and charged_to_owner(obj, await self._owner(request.namespace, owner_ref)):
             return Allowed()  # made by a workload charged to the same quota
         try:
-            new = await self._usage(request, obj, strict=True)
+            counted = await self._usage(request, obj, strict=True)
         except WorkloadError as error:
-            return Denied(
-                f"{request.kind} {request.namespace}/{request.name}: {error}", reason="Invalid", code=422
-            )
+            return Denied(f"{where}: {error}", reason="Invalid", code=422)
+        new = dict(counted.usage)
         old_usage: dict[str, Any] = {}
-        old = request.old_object
+        old = {"kind": request.kind, **request.old_object} if request.old_object is not None else None
         if (
             request.operation == "UPDATE"
             and old is not None
-            and labels_of(old).get(QUOTA_LABEL) == quota_name
+            and quota_label(old) == quota_name
             and (request.kind == "Pod" or not is_controlled_by_workload(old))
         ):
             try:
-                old_usage = await self._usage(request, {"kind": request.kind, **old}, strict=False)
+                old_usage = dict((await self._usage(request, old, strict=False)).usage)
             except WorkloadError:
                 old_usage = {}
         delta = increase(old_usage, new)
@@ -258,14 +272,16 @@ class AdmissionHandlers:
         name = request.name or str((obj.get("metadata") or {}).get("name") or "")
         if not name:  # generateName: the name is not known yet, the uid keeps reservations apart
             name = f"{(obj.get('metadata') or {}).get('generateName', '')}<{request.uid}>"
+        generation = generation_of(obj) or (1 if request.operation == "CREATE" else 0)
         ask = WorkloadAsk(
             request.uid,
             workload_ref(request.kind, request.namespace, name),
             delta,
             new,
-            generation=generation_of(obj) or (1 if request.operation == "CREATE" else 0),
+            generation=generation,
             # Set by the API server before validating admission, on create too.
             object_uid=str((obj.get("metadata") or {}).get("uid") or ""),
+            unset={} if resize else counted.unset,
         )
         return await self._charge(request, quota_name, ask)
 
@@ -303,23 +319,25 @@ class AdmissionHandlers:
         if workload is None:
             return Allowed()
         workload = {"kind": kind, **workload}
-        quota_name = str(labels_of(workload).get(QUOTA_LABEL) or "")
+        quota_name = quota_label(workload)
         if not quota_name or is_controlled_by_workload(workload):
             return Allowed()
         try:
-            new = await self._usage(request, workload, replicas=replicas, strict=True)
-            old = await self._usage(request, workload, strict=False)
+            counted = await self._usage(request, workload, replicas=replicas, strict=True)
+            old = (await self._usage(request, workload, strict=False)).usage
         except WorkloadError as error:
             return Denied(f"{kind} {request.namespace}/{request.name}: {error}", reason="Invalid", code=422)
-        delta = increase(old, new)
+        delta = increase(old, counted.usage)
         if not delta:
             return Allowed()
+        new = counted.usage
         ask = WorkloadAsk(
             request.uid,
             workload_ref(kind, request.namespace, request.name),
             delta,
             new,
             generation=generation_of(workload) + 1,  # a replica change bumps the generation
+            unset=counted.unset,
             # The Scale object carries its workload's uid; the workload read is the fallback.
             object_uid=str(
                 (request.object.get("metadata") or {}).get("uid")

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -38,6 +38,7 @@ from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi, with
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, used_from_object
 from gpuforge.quota.leader import Role
 from gpuforge.quota.ledger import Ledger
+from gpuforge.quota.limitranges import ContainerDefaults, container_defaults
 from gpuforge.quota.reconcile import (
     DEFAULT_RESERVATION_TTL,
     PodRun,
@@ -60,9 +61,9 @@ from gpuforge.quota.usage import (
     gpu_model_of,
     holds_nothing,
     is_controlled_by_workload,
-    labels_of,
     pod_template,
     pod_usage,
+    quota_label,
     referenced_claims,
     workload_controller,
     workload_ref,
@@ -88,13 +89,40 @@ def _key(obj: Obj, kind: str | None = None) -> tuple[str, str, str]:
 
 
 NAMESPACE = "Namespace"
+LIMIT_RANGE = "LimitRange"
+BY_NAMESPACE = "namespace"
 BY_QUOTA = "quota"  # the workload caches' index: the quota a workload is charged to
 # A pass gives waiting admissions the loop after this many workloads, however many there are.
 YIELD_EVERY = 256
 
 
 def _quota_of(obj: Obj) -> str | None:
-    return str(labels_of(obj).get(QUOTA_LABEL) or "") or None
+    return quota_label(obj) or None
+
+
+def _quota_index(kind: str) -> Callable[[Obj], str | None]:
+    return lambda obj: _quota_of({"kind": kind, **obj})
+
+
+def _selector(kind: str) -> str | None:
+    """Pods are watched by their label; other workloads may carry it on their pod template only, which
+    no label selector reaches, so they are watched whole and those naming no quota kept as a stub."""
+    return QUOTA_LABEL if kind == "Pod" else None
+
+
+def _kept_part(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def kept(obj: dict[str, Any]) -> dict[str, Any]:
+        if _quota_of({"kind": kind, **obj}) is None:
+            metadata = obj.get("metadata") or {}
+            names = ("name", "namespace", "uid", "resourceVersion", "generation", "ownerReferences")
+            return {"metadata": {key: metadata[key] for key in names if key in metadata}}
+        return counted_part(obj)
+
+    return kept
+
+
+def _namespace_of(obj: Obj) -> str | None:
+    return str((obj.get("metadata") or {}).get("namespace") or "") or None
 
 
 def counted_part(obj: dict[str, Any]) -> dict[str, Any]:
@@ -161,6 +189,8 @@ class UsageController:
     quotas: Informer = field(init=False)
     # Namespaces' labels, which decide which namespaces may charge a quota (watched by every replica).
     namespaces: Informer = field(init=False)
+    # LimitRanges: their container defaults are counted as the pods will get them.
+    limit_ranges: Informer = field(init=False)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # Quotas an event may have changed since the last pass: a pass after events recomputes only these
     # (and quotas holding reservations); a pass after a quiet period (resync, accrual) recomputes all.
@@ -177,8 +207,17 @@ class UsageController:
     def __post_init__(self) -> None:
         self.quotas = Informer(self.api, KIND, transform=without_managed_fields)
         self.namespaces = Informer(self.api, NAMESPACE, transform=namespace_labels_only)
+        self.limit_ranges = Informer(
+            self.api, LIMIT_RANGE, transform=without_managed_fields, indexes={BY_NAMESPACE: _namespace_of}
+        )
         self._workloads = {
-            kind: Informer(self.api, kind, QUOTA_LABEL, transform=counted_part, indexes={BY_QUOTA: _quota_of})
+            kind: Informer(
+                self.api,
+                kind,
+                _selector(kind),
+                transform=_kept_part(kind),
+                indexes={BY_QUOTA: _quota_index(kind)},
+            )
             for kind in WORKLOAD_KINDS
         }
         for kind, informer in self._workloads.items():
@@ -186,6 +225,10 @@ class UsageController:
         self.quotas.listeners.append(self._listener(KIND))
         self.writer.on_reload = self.recount
         self.leadership.listeners.append(self.poke)  # a pass ends at once when its term does
+
+    def container_defaults(self, namespace: str) -> ContainerDefaults:
+        """The LimitRange defaults of `namespace`, from the watch cache."""
+        return container_defaults(self.limit_ranges.store.indexed(BY_NAMESPACE, [namespace]))
 
     @property
     def workload_caches(self) -> Mapping[str, Informer]:
@@ -208,7 +251,7 @@ class UsageController:
         def changed(event_type: str, obj: Obj) -> None:
             _, namespace, name = _key(obj, kind)
             ref = workload_ref(kind, namespace, name)
-            label = str(labels_of(obj).get(QUOTA_LABEL) or "")
+            label = quota_label({"kind": kind, **obj}) if kind != KIND else ""
             previous = self._seen.get(ref)
             if kind == KIND:  # a quota's own hard, and its parent's carve-out of it
                 touched = {name, str((obj.get("spec") or {}).get("parent") or "")}
@@ -221,9 +264,12 @@ class UsageController:
                 self._claims.pop((kind, namespace, name), None)
                 uid = str((obj.get("metadata") or {}).get("uid") or "")
                 self._deleted[ref] = (generation_of(obj), uid, asyncio.get_running_loop().time())
-                self._dirty_quotas.update(touched - {""})
-                self.poke()
+                if touched - {""}:
+                    self._dirty_quotas.update(touched - {""})
+                    self.poke()
                 return
+            if not touched - {""}:
+                return  # a workload that names no quota, and never did while watched
             # Status-only updates (a Deployment's ready count, our own status writes) change nothing
             # quotas count; only spec (generation), the quota label, and a pod or Job finishing do.
             state = (generation_of(obj), label, holds_nothing({"kind": kind, **obj}))
@@ -265,6 +311,7 @@ class UsageController:
         leader lists everything afresh anyway."""
         self._tasks[KIND] = asyncio.create_task(self.quotas.run())
         self._tasks[NAMESPACE] = asyncio.create_task(self.namespaces.run())
+        self._tasks[LIMIT_RANGE] = asyncio.create_task(self.limit_ranges.run())
         try:
             await self.quotas.synced.wait()
             while True:
@@ -394,16 +441,23 @@ class UsageController:
         running, else listed."""
         if all(informer.synced.is_set() for informer in self._workloads.values()):
             if quotas is None:
-                return {kind: informer.store.values() for kind, informer in self._workloads.items()}
+                return {
+                    kind: [item for item in informer.store.values() if _quota_index(kind)(item)]
+                    for kind, informer in self._workloads.items()
+                }
             return {
                 kind: informer.store.indexed(BY_QUOTA, sorted(quotas))
                 for kind, informer in self._workloads.items()
             }
         lists = await asyncio.gather(
-            *(self.api.list_objects(kind, label_selector=QUOTA_LABEL) for kind in WORKLOAD_KINDS)
+            *(self.api.list_objects(kind, label_selector=_selector(kind)) for kind in WORKLOAD_KINDS)
         )
         return {
-            kind: [item for item in items if quotas is None or _quota_of(item) in quotas]
+            kind: [
+                item
+                for item in items
+                if _quota_index(kind)(item) and (quotas is None or _quota_index(kind)(item) in quotas)
+            ]
             for kind, items in zip(WORKLOAD_KINDS, lists, strict=True)
         }
 
@@ -502,7 +556,7 @@ class UsageController:
             root = self._root(snap, {**pod, "kind": "Pod"})
             if root is None:
                 continue
-            quota = str(labels_of(root).get(QUOTA_LABEL) or "")
+            quota = quota_label(root)
             started, finished = pod_run_window(pod)
             if not quota or started is None:
                 continue
@@ -548,7 +602,12 @@ class UsageController:
                 usage = known[1]
             else:
                 try:
-                    usage = workload_usage(obj, snap.catalogs.get(key[1]), strict_claims=False)
+                    usage = workload_usage(
+                        obj,
+                        snap.catalogs.get(key[1]),
+                        strict_claims=False,
+                        defaults=self.container_defaults(key[1]),
+                    )
                 except WorkloadError as error:
                     log.warning("cannot count %s/%s: %s", obj.get("kind"), key[2], error)
                     continue

@@ -170,6 +170,7 @@ async def running_webhook(
             controller.workload_caches,
             clock,
             namespaces=controller.namespaces,
+            container_defaults=controller.container_defaults,
         )
         elect = options.leader_elect if options.leader_elect is not None else not options.register
         identity = default_identity()

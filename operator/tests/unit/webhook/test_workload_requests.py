@@ -1,0 +1,99 @@
+"""The leader's workload handler: template labels, label conflicts, pods/resize, LimitRange defaults."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuforge.quota.admission import Allowed, Denied
+from gpuforge.quota.convert import quota_from_object
+from gpuforge.quota.limitranges import ContainerDefaults
+from gpuforge.webhook.review import AdmissionRequest
+
+from .fakes import MemoryApi, Shell, quota
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+LABEL = "gpuforge.io/quota"
+
+
+def leading(api: MemoryApi) -> Shell:
+    shell = Shell(api, lambda: NOW)
+    shell.admitting()
+    for raw in api.quotas.values():
+        shell.leadership.ledger.load(quota_from_object(raw))
+    return shell
+
+
+def request(
+    kind: str, obj: dict[str, Any], old: dict[str, Any] | None = None, sub: str = ""
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        uid="u1",
+        kind=kind,
+        resource=f"{kind.lower()}s",
+        sub_resource=sub,
+        operation="UPDATE" if old is not None else "CREATE",
+        namespace="ns",
+        name=obj["metadata"]["name"],
+        dry_run=False,
+        object=obj,
+        old_object=old,
+    )
+
+
+def deployment(own: str, template: str, gpus: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "w", "namespace": "ns", "uid": "d1", "labels": {LABEL: own} if own else {}},
+        "spec": {
+            "replicas": 1,
+            "template": {
+                "metadata": {"labels": {LABEL: template} if template else {}},
+                "spec": {
+                    "containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]
+                },
+            },
+        },
+    }
+
+
+async def test_a_label_on_the_pod_template_alone_is_checked() -> None:
+    shell = leading(MemoryApi([quota("a", hard=1)]))
+    assert isinstance(await shell.handlers.workloads(request("Deployment", deployment("", "a", 2))), Denied)
+    assert isinstance(await shell.handlers.workloads(request("Deployment", deployment("", "a", 1))), Allowed)
+
+
+async def test_object_and_template_naming_different_quotas_is_invalid() -> None:
+    shell = leading(MemoryApi([quota("a"), quota("b")]))
+    decision = await shell.handlers.workloads(request("Deployment", deployment("a", "b")))
+    assert isinstance(decision, Denied) and decision.code == 422
+    assert "'a' on the Deployment but 'b' on its pod template" in decision.message
+
+
+def pod(cpu: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "p1", "generation": 2, "labels": {LABEL: "a"}},
+        "spec": {
+            "containers": [{"name": "m", "resources": {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}}}]
+        },
+    }
+
+
+async def test_a_resize_that_grows_a_counted_request_is_checked() -> None:
+    limited = quota("a")
+    limited["spec"]["hard"]["requests.cpu"] = "2"
+    shell = leading(MemoryApi([limited]))
+    grow = await shell.handlers.workloads(request("Pod", pod("4"), old=pod("1"), sub="resize"))
+    assert isinstance(grow, Denied) and "asks requests.cpu=3 but only 2 is left" in grow.message
+    shrink = await shell.handlers.workloads(request("Pod", pod("500m"), old=pod("1"), sub="resize"))
+    assert isinstance(shrink, Allowed)
+
+
+async def test_limit_range_defaults_are_counted() -> None:
+    limited = quota("a")
+    limited["spec"]["hard"]["limits.cpu"] = "1"
+    shell = leading(MemoryApi([limited]))
+    decision = await shell.handlers.workloads(request("Deployment", deployment("a", "")))
+    assert isinstance(decision, Denied) and "must specify limits.cpu for: m" in decision.message
+    shell.handlers.container_defaults = lambda _ns: ContainerDefaults(limits={"cpu": "2"})
+    decision = await shell.handlers.workloads(request("Deployment", deployment("a", "")))
+    assert isinstance(decision, Denied) and "asks limits.cpu=2 but only 1 is left" in decision.message
