@@ -1,0 +1,137 @@
+"""What a workload takes, on the real local control plane: spec.hard keys as ResourceQuota spells them,
+the quota label on the pod template, LimitRange defaults and "must specify", and pods/resize."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from .conftest import GPU, Quotas, deployment, kubectl, wait_for
+
+pytestmark = pytest.mark.cluster
+LABEL = "gpuforge.io/quota"
+
+
+def create(api_client: Any, namespace: str, body: dict[str, Any]) -> str:
+    try:
+        client.AppsV1Api(api_client).create_namespaced_deployment(namespace, body)
+    except client.ApiException as error:
+        return str(error.body)
+    return "admitted"
+
+
+def template_only(name: str, quota: str, gpus: int = 1) -> dict[str, Any]:
+    body = deployment(name, quota, gpus=gpus)
+    del body["metadata"]["labels"][LABEL]
+    body["spec"]["template"]["metadata"]["labels"][LABEL] = quota
+    return body
+
+
+def test_hard_keys_are_spelt_as_resource_quota_spells_them(quotas: Quotas) -> None:
+    with pytest.raises(client.ApiException, match=r"did you mean requests\.nvidia\.com/gpu"):
+        quotas.create("bare", {"nvidia.com/gpu": 1})
+    with pytest.raises(client.ApiException, match=r"requests\.nvidia\.com/gpus: not a key gpuforge counts"):
+        quotas.create("plural", {"requests.nvidia.com/gpus": 1})
+    quotas.create("good", {GPU: 1, "limits.cpu": 2, "cash/requests.nvidia.com/gpu": 10})
+
+
+def test_a_label_on_the_pod_template_alone_is_checked_and_counted(
+    quotas: Quotas, namespace: str, api_client: Any
+) -> None:
+    quotas.create("team", {GPU: 2})
+    quotas.create("other", {GPU: 2})
+    team = quotas.name("team")
+    assert create(api_client, namespace, template_only("w1", team, gpus=2)) == "admitted"
+    wait_for(lambda: quotas.used("team") == "2", message="the template-labelled Deployment to be counted")
+    assert "only 0 is left" in create(api_client, namespace, template_only("w2", team))
+    both = deployment("w3", team)
+    both["spec"]["template"]["metadata"]["labels"][LABEL] = quotas.name("other")
+    answer = create(api_client, namespace, both)
+    assert f"is '{team}' on the Deployment but '{quotas.name('other')}' on its pod template" in answer
+
+
+def test_limit_range_defaults_are_counted_and_an_unset_limit_refused(
+    quotas: Quotas, namespace: str, api_client: Any
+) -> None:
+    quotas.create("team", {GPU: 8, "limits.cpu": 3})
+    team = quotas.name("team")
+    assert "must specify limits.cpu for: main" in create(api_client, namespace, deployment("w1", team))
+    client.CoreV1Api(api_client).create_namespaced_limit_range(
+        namespace,
+        {
+            "metadata": {"name": "defaults"},
+            "spec": {"limits": [{"type": "Container", "default": {"cpu": "2"}}]},
+        },
+    )
+    # The webhook reads LimitRanges from its watch cache: the first create after the watch delivers it.
+    answers: list[str] = []
+    wait_for(
+        lambda: (
+            answers.append(create(api_client, namespace, deployment("w2", team))) or answers[-1] == "admitted"
+        ),
+        message="the LimitRange default to be applied",
+        describe=lambda: answers[-1:],
+    )
+    wait_for(lambda: quotas.used("team", "limits.cpu") == "2", message="the defaulted limit to be counted")
+    assert "asks limits.cpu=2 but only 1 is left" in create(api_client, namespace, deployment("w3", team))
+
+
+def test_a_resize_that_grows_a_counted_request_is_checked(
+    quotas: Quotas, namespace: str, api_client: Any, dev_cluster: Any
+) -> None:
+    quotas.create("team", {"requests.cpu": 2})
+    pod = {
+        "metadata": {"name": "p", "labels": {LABEL: quotas.name("team")}},
+        "spec": {
+            # Left unscheduled: kwok's simulated nodes do not declare in-place resize, and the API server
+            # refuses to resize a pod on such a node before any webhook sees it.
+            "nodeSelector": {"gpuforge.io/no-such-node": "true"},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/work:1",
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}},
+                }
+            ],
+        },
+    }
+    client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod)
+    wait_for(lambda: quotas.used("team", "requests.cpu") == "1", message="the pod to be counted")
+
+    def resize(cpu: str) -> subprocess.CompletedProcess[str]:
+        patch = {
+            "spec": {
+                "containers": [
+                    {"name": "main", "resources": {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}}}
+                ]
+            }
+        }
+        return subprocess.run(
+            [
+                *kubectl(dev_cluster),
+                "-n",
+                namespace,
+                "patch",
+                "pod",
+                "p",
+                "--subresource",
+                "resize",
+                "-p",
+                json.dumps(patch),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    refused = resize("3")
+    assert refused.returncode != 0 and "asks requests.cpu=2 but only 1 is left" in refused.stderr, (
+        refused.stderr
+    )
+    grown = resize("2")
+    assert grown.returncode == 0, grown.stderr
+    wait_for(lambda: quotas.used("team", "requests.cpu") == "2", message="the resized pod to be counted")
