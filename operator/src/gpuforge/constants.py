@@ -47,6 +47,8 @@ MAINTENANCE_ANNOTATION: Final = f"{GROUP}/maintenance"
 # --- Quota ---------------------------------------------------------------------------------------
 # Workloads name their GpuQuota with this label; only labelled objects reach the webhook.
 QUOTA_LABEL: Final = f"{GROUP}/quota"
+# A namespace labelled with this set to "true" refuses workloads that take GPUs and name no quota.
+QUOTA_REQUIRED_LABEL: Final = f"{GROUP}/quota-required"
 GPU_MODEL_LABEL: Final = f"{GROUP}/gpu-model"
 
 # --- Resources and drivers -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpuforge.api.gpuquota import GpuQuota, LabelSelector, SelectorRequirement
+from gpuforge.constants import QUOTA_LABEL, QUOTA_REQUIRED_LABEL
 from gpuforge.quota.admission import Denied
 
 
@@ -87,4 +88,19 @@ def _refused(quota: str, namespace: str, what: str, why: str) -> Denied:
         message=f'namespace "{namespace}" may not charge GpuQuota "{quota}": {what}; {why}',
         quota=quota,
         key="spec.namespaces",
+    )
+
+
+def quota_required(namespace: str, labels: Mapping[str, str], what: str, takes_gpus: bool) -> Denied | None:
+    """A namespace labelled `gpuforge.io/quota-required: "true"` refuses a workload that takes GPUs and
+    names no quota: there nothing could charge it, and the GPUs would go unaccounted."""
+    if not takes_gpus or labels.get(QUOTA_REQUIRED_LABEL) != "true":
+        return None
+    return Denied(
+        message=(
+            f'namespace "{namespace}" requires a GpuQuota for workloads that take GPUs '
+            f"({QUOTA_REQUIRED_LABEL}=true): {what} names none; label it (or its pod template) "
+            f"{QUOTA_LABEL}=<quota>"
+        ),
+        key=QUOTA_LABEL,
     )

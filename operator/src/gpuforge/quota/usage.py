@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from gpuforge.api.gpuquota import DEVICE_CLASS_KEY_SUFFIX, RESOURCE_CLAIMS_COUNT_KEY, ResourceList
-from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL
+from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL, is_gpu_resource
 from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, unset_resources
 from gpuforge.quota.quantity import QuantityError, parse_quantity
 
@@ -383,6 +383,20 @@ def quota_label_conflict(obj: Mapping[str, Any]) -> str:
         f"label {QUOTA_LABEL} is {own!r} on the {obj.get('kind')} but {template!r} on its pod template "
         f"({where}); set it in one place, or to the same quota in both"
     )
+
+
+def takes_gpus(obj: Mapping[str, Any]) -> bool:
+    """Whether a workload's pods ask for GPUs: a GPU resource NVIDIA's device plugin advertises, in
+    requests or limits of any container, or any DRA claim (its devices are a DeviceClass's, GPUs here)."""
+    template = pod_template(obj)
+    refs = claim_refs(template.spec)
+    if refs.templates or refs.claims:
+        return True
+    resources = {
+        *_pod_resources(template.spec, template.field, 0),
+        *_pod_resources(template.spec, template.field, 1),
+    }
+    return any(is_gpu_resource(name) for name in resources)
 
 
 def referenced_claims(obj: Mapping[str, Any]) -> ClaimRefs:

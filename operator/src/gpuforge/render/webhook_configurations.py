@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from gpuforge.constants import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, QUOTA_LABEL
+from gpuforge.constants import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, QUOTA_LABEL, QUOTA_REQUIRED_LABEL
 
 WORKLOADS_PATH: Final = "/validate-workloads"
 SCALE_PATH: Final = "/validate-scale"
@@ -72,6 +72,9 @@ _NOT_CONTROLLED = (
     "(o.apiVersion.startsWith('apps/') && o.kind in ['Deployment', 'StatefulSet', 'ReplicaSet']) || "
     "(o.apiVersion.startsWith('batch/') && o.kind in ['Job', 'CronJob'])))"
 )
+# The same without the exception for pods: an unlabelled pod that a controller made is checked as its
+# controller was.
+_NOT_CONTROLLED_AT_ALL = _NOT_CONTROLLED.removeprefix("request.resource.resource == 'pods' || ")
 # A pod's update matters only when it moves the pod to another quota, or resizes it (`pods/resize`).
 _POD_RELABELLED = (
     "request.resource.resource != 'pods' || request.operation != 'UPDATE' || "
@@ -81,12 +84,15 @@ _POD_RELABELLED = (
 )
 
 
-def _namespace_selector(excluded: Sequence[str]) -> dict[str, Any]:
-    return {
+def _namespace_selector(excluded: Sequence[str], **match_labels: str) -> dict[str, Any]:
+    selector: dict[str, Any] = {
         "matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(set(excluded))}
         ]
     }
+    if match_labels:
+        selector["matchLabels"] = match_labels
+    return selector
 
 
 def _webhook(
@@ -151,6 +157,25 @@ def render_webhook_configurations(
             {"name": "pod-quota-changed", "expression": _POD_RELABELLED},
         ],
     )
+    # Namespaces that require a quota: workloads naming none come too, and are refused if they take
+    # GPUs. A webhook of its own, so that elsewhere unlabelled objects never reach the webhook.
+    required = _webhook(
+        f"required.quota.{GROUP}",
+        target,
+        WORKLOADS_PATH,
+        [
+            _rule("apps", ["deployments", "statefulsets", "replicasets"], ["CREATE", "UPDATE"]),
+            _rule("batch", ["jobs", "cronjobs"], ["CREATE", "UPDATE"]),
+            _rule("", ["pods"], ["CREATE"]),
+        ],
+        failure_policy,
+        timeout_seconds,
+        namespaceSelector=_namespace_selector(excluded, **{QUOTA_REQUIRED_LABEL: "true"}),
+        matchConditions=[
+            {"name": "names-no-quota", "expression": f"!({_LABELLED})"},
+            {"name": "not-owned-by-a-workload", "expression": _NOT_CONTROLLED_AT_ALL},
+        ],
+    )
     scale = _webhook(
         f"scale.quota.{GROUP}",
         target,
@@ -169,7 +194,7 @@ def render_webhook_configurations(
         timeout_seconds,
     )
     return [
-        _configuration(f"{name}-workloads", metadata_labels, [workloads, scale]),
+        _configuration(f"{name}-workloads", metadata_labels, [workloads, required, scale]),
         _configuration(f"{name}-tree", metadata_labels, [tree]),
     ]
 

@@ -38,7 +38,7 @@ from gpuforge.quota.admission import (
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults
-from gpuforge.quota.tenancy import admit_namespace, needs_labels
+from gpuforge.quota.tenancy import admit_namespace, needs_labels, quota_required
 from gpuforge.quota.usage import (
     ClaimCatalog,
     OwnerRef,
@@ -53,6 +53,7 @@ from gpuforge.quota.usage import (
     quota_label,
     quota_label_conflict,
     referenced_claims,
+    takes_gpus,
     workload_controller,
     workload_ref,
     workload_usage,
@@ -118,7 +119,7 @@ def trivially_allowed(request: AdmissionRequest) -> bool:
     if obj is None or request.operation not in ("CREATE", "UPDATE"):
         return True
     if not quota_label({"kind": request.kind, **obj}):
-        return True
+        return True  # allowed, unless its namespace requires a quota: any replica can tell (required)
     return request.kind != "Pod" and is_controlled_by_workload(obj)
 
 
@@ -234,6 +235,9 @@ class AdmissionHandlers:
     async def workloads(self, request: AdmissionRequest) -> Decision:
         """CREATE/UPDATE of a Deployment, StatefulSet, ReplicaSet, Job, CronJob or Pod, and a pod's
         resize (`pods/resize`, which changes a running pod's requests in place)."""
+        unnamed = await self.required(request)
+        if unnamed is not None:
+            return unnamed
         if trivially_allowed(request):
             return Allowed()
         assert request.object is not None
@@ -284,6 +288,24 @@ class AdmissionHandlers:
             unset={} if resize else counted.unset,
         )
         return await self._charge(request, quota_name, ask)
+
+    async def required(self, request: AdmissionRequest) -> Decision | None:
+        """A workload that names no quota, created or changed in a namespace that requires one: refused
+        if it takes GPUs, else allowed. None for every other request. Needs no ledger (the namespace's
+        labels are watch-fed on every replica), so a follower decides it too."""
+        obj = request.object
+        if obj is None or request.sub_resource or request.operation not in ("CREATE", "UPDATE"):
+            return None
+        obj = {"kind": request.kind, **obj}
+        if quota_label(obj) or is_controlled_by_workload(obj):
+            return None
+        where = f"{request.kind} {request.namespace}/{request.name}"
+        try:
+            gpus = takes_gpus(obj)
+        except WorkloadError as error:
+            return Denied(f"{where}: {error}", reason="Invalid", code=422)
+        labels = await self._namespace_labels(request.namespace) if gpus else {}
+        return quota_required(request.namespace, labels, where, gpus) or Allowed()
 
     async def _owner(self, namespace: str, ref: OwnerRef) -> Mapping[str, Any] | None:
         """The controller a pod names, from the labelled workloads' cache (a controller charged to a

@@ -135,3 +135,27 @@ def test_a_resize_that_grows_a_counted_request_is_checked(
     grown = resize("2")
     assert grown.returncode == 0, grown.stderr
     wait_for(lambda: quotas.used("team", "requests.cpu") == "2", message="the resized pod to be counted")
+
+
+def test_a_namespace_that_requires_a_quota_refuses_gpu_workloads_naming_none(
+    quotas: Quotas, namespace: str, api_client: Any
+) -> None:
+    core = client.CoreV1Api(api_client)
+    core.patch_namespace(namespace, {"metadata": {"labels": {"gpuforge.io/quota-required": "true"}}})
+    quotas.create("team", {GPU: 2})
+    unnamed = deployment("w1", "")
+    del unnamed["metadata"]["labels"][LABEL]
+    answers: list[str] = []
+    wait_for(  # the namespace's new label reaches the webhook through its watch
+        lambda: (
+            answers.append(create(api_client, namespace, unnamed)) or "requires a GpuQuota" in answers[-1]
+        ),
+        message="the requirement to apply",
+        describe=lambda: answers[-1:],
+    )
+    assert f"Deployment {namespace}/w1 names none" in answers[-1]
+    cpu_only = deployment("w2", "")
+    del cpu_only["metadata"]["labels"][LABEL]
+    del cpu_only["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert create(api_client, namespace, cpu_only) == "admitted"  # takes no GPU
+    assert create(api_client, namespace, template_only("w3", quotas.name("team"))) == "admitted"

@@ -243,7 +243,7 @@ def test_configurations_are_narrow() -> None:
         failure_policy="Ignore",
         excluded_namespaces=["gpuforge"],
     )
-    hook, scale = workloads["webhooks"]
+    hook, required, scale = workloads["webhooks"]
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:8443/validate-workloads"
     assert hook["clientConfig"]["caBundle"] == "Q0E="
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
@@ -262,6 +262,12 @@ def test_configurations_are_narrow() -> None:
     assert "o.apiVersion.startsWith('batch/')" in conditions["not-owned-by-a-workload"]
     assert "oldObject.metadata.labels" in conditions["pod-quota-changed"]
     assert scale["rules"][0]["resources"] == ["deployments/scale", "statefulsets/scale", "replicasets/scale"]
+    assert hook["rules"][3]["resources"] == ["pods/resize"]
+    assert "object.spec.template.metadata.labels" in conditions["labelled-for-quota"]
+    # Only namespaces that require a quota send objects naming none.
+    assert required["namespaceSelector"]["matchLabels"] == {"gpuforge.io/quota-required": "true"}
+    assert required["matchConditions"][0]["expression"].startswith("!(")
+    assert "pods" not in required["matchConditions"][1]["expression"].split("||")[0]
     assert tree["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
 
 

@@ -12,7 +12,8 @@ import pytest
 from gpuforge.api.gpuquota import GpuQuota
 from gpuforge.quota.admission import Allowed, Denied, WorkloadAsk, admit_workload
 from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, container_defaults, unset_resources
-from gpuforge.quota.usage import quota_label, quota_label_conflict, workload_usage
+from gpuforge.quota.tenancy import quota_required
+from gpuforge.quota.usage import quota_label, quota_label_conflict, takes_gpus, workload_usage
 
 LABEL = "gpuforge.io/quota"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -156,3 +157,36 @@ def test_a_quota_on_a_resource_needs_every_container_to_set_it(
         assert decision.message.startswith('GpuQuota "team" limits ')
     else:
         assert isinstance(decision, Allowed)
+
+
+@pytest.mark.parametrize(
+    ("labels", "gpus", "refused"),
+    [
+        ({"gpuforge.io/quota-required": "true"}, True, True),
+        ({"gpuforge.io/quota-required": "true"}, False, False),  # only GPU workloads need a quota
+        ({"gpuforge.io/quota-required": "false"}, True, False),
+        ({}, True, False),
+    ],
+)
+def test_a_namespace_may_require_a_quota(labels: dict[str, str], gpus: bool, refused: bool) -> None:
+    denied = quota_required("ml", labels, "Deployment ml/w", gpus)
+    assert (denied is not None) == refused
+    if denied is not None:
+        assert denied.message.startswith('namespace "ml" requires a GpuQuota for workloads that take GPUs')
+        assert (
+            "Deployment ml/w names none; label it (or its pod template) gpuforge.io/quota=<quota>"
+            in denied.message
+        )
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus"),
+    [
+        ({"containers": [container({"nvidia.com/gpu": 1})]}, True),
+        ({"containers": [container({"nvidia.com/mig-1g.5gb": 1})]}, True),
+        ({"containers": [container({"cpu": 1})]}, False),
+        ({"containers": [], "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "gpu"}]}, True),
+    ],
+)
+def test_takes_gpus(spec: dict[str, Any], gpus: bool) -> None:
+    assert takes_gpus({"kind": "Pod", "metadata": {}, "spec": spec}) is gpus
