@@ -78,7 +78,7 @@ _NOT_CONTROLLED_AT_ALL = _NOT_CONTROLLED.removeprefix("request.resource.resource
 # A pod's update matters only when it moves the pod to another quota, or resizes it (`pods/resize`).
 _POD_RELABELLED = (
     "request.resource.resource != 'pods' || request.operation != 'UPDATE' || "
-    "request.subResource == 'resize' || "
+    "(has(request.subResource) && request.subResource == 'resize') || "
     "!has(oldObject.metadata.labels) || !('" + QUOTA_LABEL + "' in oldObject.metadata.labels) || "
     "oldObject.metadata.labels['" + QUOTA_LABEL + "'] != object.metadata.labels['" + QUOTA_LABEL + "']"
 )
