@@ -26,13 +26,13 @@ ALL_DEVICES_COUNT: Final = 32
 _BARE_ALIASES: Final = frozenset({"cpu", "memory", "ephemeral-storage"})
 # Kinds whose objects are charged as a whole; an object controlled by one of them is charged to it.
 WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "CronJob", "Pod")
-# Workload controllers by API group and kind: a `Job` of another group is not a batch Job.
+# Workload controllers by API group and kind: a `Job` of another group is not a batch Job. A CronJob is
+# not one: each Job it makes (or `kubectl create job --from=cronjob/...` makes) is charged itself.
 CONTROLLER_GROUPS: Final = {
     "Deployment": "apps",
     "StatefulSet": "apps",
     "ReplicaSet": "apps",
     "Job": "batch",
-    "CronJob": "batch",
 }
 
 
@@ -364,12 +364,16 @@ def _template_labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def quota_label(obj: Mapping[str, Any]) -> str:
     """The quota a workload names: the `gpuforge.io/quota` label on the object, else the one on its pod
-    template (where people put labels for their pods). With both set the object's wins; admission
-    refuses the two disagreeing (`quota_label_conflict`)."""
+    template (where people put labels for their pods), for a CronJob else its job template's. With
+    both set the object's wins; admission refuses the two disagreeing (`quota_label_conflict`)."""
     own = labels_of(obj).get(QUOTA_LABEL)
     if own:
         return str(own)
-    return str(_template_labels(obj).get(QUOTA_LABEL) or "")
+    template = _template_labels(obj).get(QUOTA_LABEL)
+    if not template and obj.get("kind") == "CronJob":
+        job_labels = _get(obj, "spec.jobTemplate.metadata.labels")
+        template = job_labels.get(QUOTA_LABEL) if isinstance(job_labels, Mapping) else ""
+    return str(template or "")
 
 
 def quota_label_conflict(obj: Mapping[str, Any]) -> str:
@@ -382,6 +386,23 @@ def quota_label_conflict(obj: Mapping[str, Any]) -> str:
     return (
         f"label {QUOTA_LABEL} is {own!r} on the {obj.get('kind')} but {template!r} on its pod template "
         f"({where}); set it in one place, or to the same quota in both"
+    )
+
+
+def cronjob_label_unreached(obj: Mapping[str, Any]) -> str:
+    """Why a CronJob's quota label would not reach its Jobs ("" when it does). A Job gets the job
+    template's labels, not the CronJob's own, and is charged by the label it carries."""
+    if obj.get("kind") != "CronJob" or not labels_of(obj).get(QUOTA_LABEL):
+        return ""
+    job_labels = _get(obj, "spec.jobTemplate.metadata.labels")
+    if (isinstance(job_labels, Mapping) and job_labels.get(QUOTA_LABEL)) or _template_labels(obj).get(
+        QUOTA_LABEL
+    ):
+        return ""
+    return (
+        f"label {QUOTA_LABEL} is on the CronJob only, and its Jobs carry only the job template's labels, "
+        "so they would name no quota; set it on spec.jobTemplate.spec.template.metadata.labels "
+        "(or spec.jobTemplate.metadata.labels)"
     )
 
 
@@ -426,8 +447,11 @@ def _finished_job_conditions(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def holds_nothing(obj: Mapping[str, Any]) -> bool:
     """Work that takes nothing from its quota: a Succeeded or Failed Pod, a Job that completed or
-    failed, a suspended Job (its pods are deleted; resuming it is admitted like a create)."""
+    failed, a suspended Job (its pods are deleted; resuming it is admitted like a create), a CronJob
+    (a schedule: its Jobs are charged as they are created, so a spent budget refuses the next one)."""
     kind = obj.get("kind")
+    if kind == "CronJob":
+        return True
     if kind == "Pod":
         return _get(obj, "status.phase") in TERMINAL_POD_PHASES
     if kind == "Job":

@@ -70,7 +70,7 @@ _NOT_CONTROLLED = (
     "!has(object.metadata.ownerReferences) || !object.metadata.ownerReferences.exists(o, "
     "has(o.controller) && o.controller && ("
     "(o.apiVersion.startsWith('apps/') && o.kind in ['Deployment', 'StatefulSet', 'ReplicaSet']) || "
-    "(o.apiVersion.startsWith('batch/') && o.kind in ['Job', 'CronJob'])))"
+    "(o.apiVersion.startsWith('batch/') && o.kind == 'Job')))"
 )
 # The same without the exception for pods: an unlabelled pod that a controller made is checked as its
 # controller was.

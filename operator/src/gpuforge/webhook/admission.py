@@ -46,6 +46,7 @@ from gpuforge.quota.usage import (
     WorkloadUsage,
     charged_to_owner,
     claim_usage,
+    cronjob_label_unreached,
     generation_of,
     increase,
     is_controlled_by_workload,
@@ -243,7 +244,7 @@ class AdmissionHandlers:
         assert request.object is not None
         obj = {"kind": request.kind, **request.object}
         where = f"{request.kind} {request.namespace}/{request.name}"
-        conflict = quota_label_conflict(obj)
+        conflict = quota_label_conflict(obj) or cronjob_label_unreached(obj)
         if conflict:
             return Denied(f"{where}: {conflict}", reason="Invalid", code=422)
         quota_name = quota_label(obj)

@@ -159,3 +159,70 @@ def test_a_namespace_that_requires_a_quota_refuses_gpu_workloads_naming_none(
     del cpu_only["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert create(api_client, namespace, cpu_only) == "admitted"  # takes no GPU
     assert create(api_client, namespace, template_only("w3", quotas.name("team"))) == "admitted"
+
+
+def cronjob(name: str, quota: str, *, on_template: bool = True) -> dict[str, Any]:
+    pod_labels = {LABEL: quota} if on_template else {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "labels": {} if on_template else {LABEL: quota}},
+        "spec": {
+            "schedule": "0 0 1 1 *",  # the test makes its Jobs itself
+            "jobTemplate": {
+                "spec": {
+                    "template": {
+                        "metadata": {"labels": pod_labels},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "tolerations": [{"operator": "Exists"}],
+                            "containers": [
+                                {
+                                    "name": "main",
+                                    "image": "registry.example/work:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                }
+                            ],
+                        },
+                    }
+                }
+            },
+        },
+    }
+
+
+def test_jobs_of_a_cronjob_are_charged_when_created_and_refused_once_the_budget_is_spent(
+    quotas: Quotas, namespace: str, api_client: Any, dev_cluster: Any, gpu_nodes: list[str]
+) -> None:
+    # The webhook runs with --speedup 3600: one second of one running GPU counts as one GPU-hour.
+    # kwok completes a Job's pod within about a second: a budget of a fifth of a GPU-hour.
+    quotas.create("hours", {GPU: 4, f"cash/{GPU}": "200m"})
+    hours = quotas.name("hours")
+    batch = client.BatchV1Api(api_client)
+    with pytest.raises(client.ApiException, match="its Jobs carry only the job template's labels"):
+        batch.create_namespaced_cron_job(namespace, cronjob("own-only", hours, on_template=False))
+    batch.create_namespaced_cron_job(namespace, cronjob("nightly", hours))
+    assert quotas.used("hours") == "0"  # a schedule holds nothing; its Jobs are charged
+
+    def create_job(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*kubectl(dev_cluster), "-n", namespace, "create", "job", name, "--from=cronjob/nightly"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    first = create_job("first")
+    assert first.returncode == 0, first.stderr
+    core = client.CoreV1Api(api_client)
+    wait_for(
+        lambda: float(quotas.used("hours", f"cash/{GPU}")) >= 0.2,
+        timeout=60,
+        message="the Job's GPU-hours to spend the budget",
+        describe=lambda: (
+            quotas.get("hours").get("status"),
+            [(p.metadata.name, p.status.phase) for p in core.list_namespaced_pod(namespace).items],
+        ),
+    )
+    late = create_job("late")
+    assert late.returncode != 0 and "budget cash/requests.nvidia.com/gpu is spent" in late.stderr, late.stderr

@@ -68,7 +68,7 @@ ONE_GPU = pod_spec(container({"cpu": "500m", "memory": "1Gi"}, {"nvidia.com/gpu"
         ("Job", {"parallelism": 3}, 3),
         ("Job", {"parallelism": 5, "completions": 2}, 2),
         ("Job", {}, 1),
-        ("CronJob", {"parallelism": 2}, 2),
+        ("CronJob", {"parallelism": 2}, 0),  # a schedule: each of its Jobs is charged when created
         ("Pod", {}, 1),
     ],
 )
@@ -228,7 +228,8 @@ def test_increase_counts_only_growth() -> None:
     ("owners", "controlled"),
     [
         ([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True}], True),
-        ([{"apiVersion": "batch/v1", "kind": "CronJob", "controller": True}], True),
+        # A CronJob's Jobs are charged themselves, when created.
+        ([{"apiVersion": "batch/v1", "kind": "CronJob", "controller": True}], False),
         ([{"apiVersion": "batch/v1", "kind": "Job", "controller": True}], True),
         ([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": False}], False),
         ([{"apiVersion": "example.com/v1", "kind": "MyCustomThing", "controller": True}], False),
@@ -263,7 +264,7 @@ def _done(condition: str, status: str = "True") -> dict[str, Any]:
         ("Job", {"suspend": True}, {}, False),
         ("Job", {"suspend": False}, {}, True),
         ("Deployment", {"replicas": 1}, {"phase": "Succeeded"}, True),  # phases are pods' alone
-        ("CronJob", {"suspend": True}, {}, True),  # its running Job is charged until it ends
+        ("CronJob", {"suspend": False}, {}, False),  # its Jobs are charged, each while it runs
     ],
 )
 def test_finished_work_holds_nothing(

@@ -13,7 +13,13 @@ from gpuforge.api.gpuquota import GpuQuota
 from gpuforge.quota.admission import Allowed, Denied, WorkloadAsk, admit_workload
 from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, container_defaults, unset_resources
 from gpuforge.quota.tenancy import quota_required
-from gpuforge.quota.usage import quota_label, quota_label_conflict, takes_gpus, workload_usage
+from gpuforge.quota.usage import (
+    cronjob_label_unreached,
+    quota_label,
+    quota_label_conflict,
+    takes_gpus,
+    workload_usage,
+)
 
 LABEL = "gpuforge.io/quota"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -190,3 +196,21 @@ def test_a_namespace_may_require_a_quota(labels: dict[str, str], gpus: bool, ref
 )
 def test_takes_gpus(spec: dict[str, Any], gpus: bool) -> None:
     assert takes_gpus({"kind": "Pod", "metadata": {}, "spec": spec}) is gpus
+
+
+def test_a_cronjob_label_must_reach_its_jobs() -> None:
+    pod = {"spec": {"containers": [container({"nvidia.com/gpu": 1})]}}
+    own_only = {
+        "kind": "CronJob",
+        "metadata": {"labels": {LABEL: "a"}},
+        "spec": {"jobTemplate": {"spec": {"template": pod}}},
+    }
+    assert "its Jobs carry only the job template's labels" in cronjob_label_unreached(own_only)
+    assert cronjob_label_unreached(cronjob("a")) == ""  # on the pod template
+    on_job = {
+        **own_only,
+        "spec": {"jobTemplate": {"metadata": {"labels": {LABEL: "a"}}, "spec": {"template": pod}}},
+    }
+    assert cronjob_label_unreached(on_job) == ""
+    assert quota_label({**on_job, "metadata": {}}) == "a"  # the job template's label names it too
+    assert workload_usage(cronjob("a")).usage == {}  # a schedule: its Jobs are charged as created
