@@ -45,7 +45,8 @@ RELEASED_ANNOTATION: Final = f"{GROUP}/released-at"
 MAINTENANCE_ANNOTATION: Final = f"{GROUP}/maintenance"
 
 # --- Quota ---------------------------------------------------------------------------------------
-# Workloads name their GpuQuota with this label; only labelled objects reach the webhook.
+# Workloads name their GpuQuota with this label (on themselves or their pod template); only such
+# objects reach the webhook, and from namespaces that require a quota also those naming none.
 QUOTA_LABEL: Final = f"{GROUP}/quota"
 # A namespace labelled with this set to "true" refuses workloads that take GPUs and name no quota.
 QUOTA_REQUIRED_LABEL: Final = f"{GROUP}/quota-required"

@@ -3,7 +3,9 @@
 The operator calls `render_webhook_configurations` when a GpuStack sets `quota.enabled` (with a Service
 client config), and `gpuforge webhook run --register` with a URL on loopback. Scope is kept narrow so a
 fail-closed webhook can only block what it governs: system namespaces are excluded, matchConditions pass
-only objects labelled gpuforge.io/quota that no workload controller owns, and the timeout is short.
+only objects labelled gpuforge.io/quota (on themselves or their pod template) that no workload controller
+owns (and, from namespaces labelled gpuforge.io/quota-required=true, those naming no quota), and the
+timeout is short.
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ def render_webhook_configurations(
     excluded_namespaces: Sequence[str] = (),
     labels: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Two ValidatingWebhookConfigurations: `<name>-workloads` (namespaced workloads and their scale
-    subresource) and `<name>-tree` (GpuQuota objects, cluster-scoped).
+    """Two ValidatingWebhookConfigurations: `<name>-workloads` (namespaced workloads, pods/resize, the
+    scale subresource, and workloads naming no quota in namespaces that require one) and `<name>-tree`
+    (GpuQuota objects, cluster-scoped).
 
     `excluded_namespaces` adds to the system namespaces; pass the webhook's own namespace so it can
     never block itself. The scale webhook cannot see the workload's labels (a Scale object carries
