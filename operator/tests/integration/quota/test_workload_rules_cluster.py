@@ -46,7 +46,7 @@ def test_a_label_on_the_pod_template_alone_is_checked_and_counted(
     quotas.create("other", {GPU: 2})
     team = quotas.name("team")
     assert create(api_client, namespace, template_only("w1", team, gpus=2)) == "admitted"
-    wait_for(lambda: quotas.used("team") == "2", message="the template-labelled Deployment to be counted")
+    wait_for("the template-labelled Deployment to be counted", lambda: quotas.used("team") == "2")
     assert "only 0 is left" in create(api_client, namespace, template_only("w2", team))
     both = deployment("w3", team)
     both["spec"]["template"]["metadata"]["labels"][LABEL] = quotas.name("other")
@@ -70,13 +70,13 @@ def test_limit_range_defaults_are_counted_and_an_unset_limit_refused(
     # The webhook reads LimitRanges from its watch cache: the first create after the watch delivers it.
     answers: list[str] = []
     wait_for(
+        "the LimitRange default to be applied",
         lambda: (
             answers.append(create(api_client, namespace, deployment("w2", team))) or answers[-1] == "admitted"
         ),
-        message="the LimitRange default to be applied",
         describe=lambda: answers[-1:],
     )
-    wait_for(lambda: quotas.used("team", "limits.cpu") == "2", message="the defaulted limit to be counted")
+    wait_for("the defaulted limit to be counted", lambda: quotas.used("team", "limits.cpu") == "2")
     assert "asks limits.cpu=2 but only 1 is left" in create(api_client, namespace, deployment("w3", team))
 
 
@@ -100,7 +100,7 @@ def test_a_resize_that_grows_a_counted_request_is_checked(
         },
     }
     client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod)
-    wait_for(lambda: quotas.used("team", "requests.cpu") == "1", message="the pod to be counted")
+    wait_for("the pod to be counted", lambda: quotas.used("team", "requests.cpu") == "1")
 
     def resize(cpu: str) -> subprocess.CompletedProcess[str]:
         patch = {
@@ -134,7 +134,7 @@ def test_a_resize_that_grows_a_counted_request_is_checked(
     )
     grown = resize("2")
     assert grown.returncode == 0, grown.stderr
-    wait_for(lambda: quotas.used("team", "requests.cpu") == "2", message="the resized pod to be counted")
+    wait_for("the resized pod to be counted", lambda: quotas.used("team", "requests.cpu") == "2")
 
 
 def test_a_namespace_that_requires_a_quota_refuses_gpu_workloads_naming_none(
@@ -147,10 +147,10 @@ def test_a_namespace_that_requires_a_quota_refuses_gpu_workloads_naming_none(
     del unnamed["metadata"]["labels"][LABEL]
     answers: list[str] = []
     wait_for(  # the namespace's new label reaches the webhook through its watch
+        "the requirement to apply",
         lambda: (
             answers.append(create(api_client, namespace, unnamed)) or "requires a GpuQuota" in answers[-1]
         ),
-        message="the requirement to apply",
         describe=lambda: answers[-1:],
     )
     assert f"Deployment {namespace}/w1 names none" in answers[-1]
@@ -216,9 +216,9 @@ def test_jobs_of_a_cronjob_are_charged_when_created_and_refused_once_the_budget_
     assert first.returncode == 0, first.stderr
     core = client.CoreV1Api(api_client)
     wait_for(
+        "the Job's GPU-hours to spend the budget",
         lambda: float(quotas.used("hours", f"cash/{GPU}")) >= 0.2,
         timeout=60,
-        message="the Job's GPU-hours to spend the budget",
         describe=lambda: (
             quotas.get("hours").get("status"),
             [(p.metadata.name, p.status.phase) for p in core.list_namespaced_pod(namespace).items],
