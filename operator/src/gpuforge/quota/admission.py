@@ -10,10 +10,11 @@ GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from gpuforge.api.gpuquota import (
     CASH_PREFIX,
@@ -24,9 +25,19 @@ from gpuforge.api.gpuquota import (
     ResourceList,
     is_cash_key,
 )
+from gpuforge.constants import QUOTA_LABEL
 from gpuforge.quota.keys import hard_key_problems
 from gpuforge.quota.quantity import format_quantity
-from gpuforge.quota.usage import add, restrict
+from gpuforge.quota.usage import (
+    WorkloadError,
+    add,
+    is_controlled_by_workload,
+    labels_of,
+    restrict,
+    workload_controller,
+    workload_ref,
+    workload_usage,
+)
 
 ZERO = Decimal(0)
 
@@ -319,10 +330,51 @@ def admit_quota_create(child: GpuQuota, parent: GpuQuota | None, uid: str, now: 
     return _missing_parent_keys(child, parent) or _carve(child, parent, child.hard, uid, now)
 
 
+def charged_to_parent(child: GpuQuota, used: ResourceList | None = None) -> dict[str, Decimal]:
+    """What a child holds of its parent, per key: its `hard`, or its `used` where that is larger (a
+    child whose `hard` was lowered below what runs in it keeps charging its parent for what runs, so
+    lowering a busy child's `hard` gives nothing back that is still in use). `used` defaults to the
+    child's status."""
+    used = child.status.used if used is None else used
+    return {key: max(amount, _amount(used, key)) for key, amount in child.hard.items()}
+
+
+def _children_lacking(new: GpuQuota, old: GpuQuota, children: Sequence[GpuQuota]) -> Denied | None:
+    """A key added to a parent must already be in every child: a child without it would hold none of
+    it (and could not be given any without editing both at once)."""
+    added = sorted(set(new.hard) - set(old.hard))
+    if not added:
+        return None
+    lacking = sorted(child.name for child in children if any(key not in child.hard for key in added))
+    if not lacking:
+        return None
+    return Denied(
+        message=(
+            f'GpuQuota "{new.name}": cannot add {", ".join(added)} to spec.hard before every child '
+            f"holds it; add it to the children first: {', '.join(lacking)}"
+        ),
+        quota=new.name,
+        key=added[0],
+        reason="Invalid",
+        code=422,
+    )
+
+
 def admit_quota_update(
-    old: GpuQuota, new: GpuQuota, parent: GpuQuota | None, uid: str, now: datetime
+    old: GpuQuota,
+    new: GpuQuota,
+    parent: GpuQuota | None,
+    uid: str,
+    now: datetime,
+    *,
+    children: Sequence[GpuQuota] = (),
+    used: ResourceList | None = None,
 ) -> Decision:
-    """A changed quota: parent fixed; raising `hard` is carved from the parent, lowering always allowed."""
+    """A changed quota: parent fixed; a key added only if every child holds it; raising `hard` is
+    carved from the parent, lowering always allowed.
+
+    `children` are the quota's children (for added keys); `used` is the quota's current usage (the
+    ledger's; default: `old`'s status), which the parent already counts where it exceeds `hard`."""
     if old.parent != new.parent:
         return Denied(
             message=(
@@ -334,20 +386,25 @@ def admit_quota_update(
             reason="Invalid",
             code=422,
         )
+    lacking = _children_lacking(new, old, children)
+    if lacking is not None:
+        return lacking
     if not new.parent:
         return Allowed(quota=new.name)
     if parent is None:
         return _no_such_parent(new)
+    before = charged_to_parent(old, used)
+    after = charged_to_parent(new, used)
     grown = {
-        key: amount - old.hard.get(key, ZERO)
-        for key, amount in new.hard.items()
-        if amount > old.hard.get(key, ZERO)
+        key: amount - before.get(key, ZERO) for key, amount in after.items() if amount > before.get(key, ZERO)
     }
     return _missing_parent_keys(new, parent) or _carve(new, parent, grown, uid, now)
 
 
-def admit_quota_delete(quota: GpuQuota, children: Iterable[str]) -> Decision:
-    """Only leaves go: deleting an inner quota would orphan a subtree."""
+def admit_quota_delete(quota: GpuQuota, children: Iterable[str], workloads: Iterable[str] = ()) -> Decision:
+    """Only leaves go: deleting an inner quota would orphan a subtree. Nor a leaf that workloads still
+    charge (`workloads`: their refs): their usage would vanish from the tree while they run, and its
+    parent would hand the same GPUs out again."""
     names = sorted(children)
     if names:
         return Denied(
@@ -357,7 +414,44 @@ def admit_quota_delete(quota: GpuQuota, children: Iterable[str]) -> Decision:
             quota=quota.name,
             reason="Forbidden",
         )
+    running = sorted(set(workloads))
+    if running:
+        shown = ", ".join(running[:5]) + (", ..." if len(running) > 5 else "")
+        return Denied(
+            message=(
+                f'GpuQuota "{quota.name}" is still charged by {len(running)} running '
+                f"workload{'s' if len(running) != 1 else ''} ({shown}); delete or relabel them first"
+            ),
+            quota=quota.name,
+            reason="Forbidden",
+        )
     return Allowed(quota=quota.name)
+
+
+def charging_workloads(quota: str, objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Refs of the workloads among `objects` (each with its `kind`) that charge `quota` now: labelled
+    for it, not made by a workload controller (charged to their owner), and holding something (a
+    finished Pod or Job, or a workload scaled to zero, holds nothing)."""
+    refs = []
+    for obj in objects:
+        if str(labels_of(obj).get(QUOTA_LABEL) or "") != quota:
+            continue
+        if obj.get("kind") != "Pod" and is_controlled_by_workload(obj):
+            continue
+        if obj.get("kind") == "Pod" and workload_controller(obj) is not None:
+            continue  # a pod its controller made; the controller is counted
+        try:
+            usage = workload_usage(obj, strict_claims=False)
+        except WorkloadError:
+            usage = None  # cannot be counted, yet it is labelled and exists: it counts as running
+        if usage is None or usage.replicas > 0:
+            metadata = obj.get("metadata") or {}
+            refs.append(
+                workload_ref(
+                    str(obj.get("kind")), str(metadata.get("namespace") or ""), str(metadata.get("name"))
+                )
+            )
+    return sorted(refs)
 
 
 # RBAC verb on gpuquotas that creating a root, or raising a root's `hard`, needs besides create/update.

@@ -27,7 +27,7 @@ from gpuforge.api.gpuquota import (
     ResourceList,
     is_cash_key,
 )
-from gpuforge.quota.admission import spent_budgets
+from gpuforge.quota.admission import charged_to_parent, spent_budgets
 from gpuforge.quota.quantity import format_quantity
 from gpuforge.quota.usage import WorkloadUsage, add, restrict
 
@@ -145,7 +145,8 @@ def recompute_status(
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
     deleted: Mapping[str, Seen] | None = None,
 ) -> GpuQuotaStatus:
-    """A fresh status for `quota`: usage of `workloads` (those charged to it) and `children`'s hard,
+    """A fresh status for `quota`: usage of `workloads` (those charged to it), what `children` hold of
+    it (each child's hard, or its used where larger: gpuforge.quota.admission.charged_to_parent),
     pending reservations, budgets carried forward plus `accrued`.
 
     `deleted` maps objects seen deleted (by ref) to their last generation and uid: a reservation for an
@@ -164,8 +165,9 @@ def recompute_status(
     for item in workloads:
         add(self_used, restrict(item.usage, counted))
     used = dict(self_used)
+    charged = {child.name: charged_to_parent(child) for child in children}
     for child in children:
-        add(used, restrict(child.hard, quota.hard))
+        add(used, restrict(charged[child.name], counted))
     for reservation in pending:
         add(used, reservation.delta)
         if not reservation.workload.startswith(f"{KIND}//"):
@@ -173,7 +175,7 @@ def recompute_status(
     for key in (key for key in quota.hard if is_cash_key(key)):
         spent = quota.status.self_used.get(key, ZERO) + accrued.get(key, ZERO)
         self_used[key] = spent
-        used[key] = spent + sum((child.hard.get(key, ZERO) for child in children), ZERO)
+        used[key] = spent + sum((charged[child.name].get(key, ZERO) for child in children), ZERO)
     status = replace(
         quota.status,
         hard=dict(quota.hard),

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from gpuforge.api.gpuquota import PLURAL, GpuQuota
-from gpuforge.constants import GROUP
+from gpuforge.api.gpuquota import KIND, PLURAL, GpuQuota
+from gpuforge.constants import GROUP, QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, Informer, QuotaApi
 from gpuforge.quota.admission import (
     ROOT_VERB,
@@ -31,6 +31,7 @@ from gpuforge.quota.admission import (
     admit_quota_create,
     admit_quota_delete,
     admit_quota_update,
+    charging_workloads,
     hard_keys_denied,
     needs_root_permission,
     root_denied,
@@ -40,6 +41,7 @@ from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults
 from gpuforge.quota.tenancy import admit_namespace, needs_labels, quota_required
 from gpuforge.quota.usage import (
+    WORKLOAD_KINDS,
     ClaimCatalog,
     OwnerRef,
     WorkloadError,
@@ -66,6 +68,8 @@ from gpuforge.webhook.writeback import WriteBehind
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+# An admitted object is stored within this long (webhook timeout 5 s + --persist-seconds 5 s).
+UNSTORED_SECONDS = 10.0
 SCALE_KINDS = {"deployments": "Deployment", "statefulsets": "StatefulSet", "replicasets": "ReplicaSet"}
 
 
@@ -384,7 +388,10 @@ class AdmissionHandlers:
             if target is None:
                 return Allowed()
             children = [item for item in await self.api.list_quotas() if _parent_of(item) == target.name]
-            return admit_quota_delete(target, [str(c["metadata"]["name"]) for c in children])
+            names = [str(c["metadata"]["name"]) for c in children]
+            if names:
+                return admit_quota_delete(target, names)
+            return admit_quota_delete(target, [], await self._charging(target.name))
         if new is None:
             return Allowed()
         bad_keys = hard_keys_denied(new, old)
@@ -402,11 +409,50 @@ class AdmissionHandlers:
             )
         if old is None:
             return Allowed()
+        child_quotas: list[GpuQuota] = []
+        if set(new.hard) - set(old.hard):  # keys added: every child must hold them already
+            for item in await self.api.list_quotas():
+                if _parent_of(item) != new.name:
+                    continue
+                try:
+                    child_quotas.append(quota_from_object(item, with_status=False))
+                except QuotaSpecError:  # unreadable: holds no key, so it is named as lacking
+                    name = str((item.get("metadata") or {}).get("name") or "")
+                    child_quotas.append(GpuQuota(name=name, parent=new.name, hard={}))
+        # What the parent counts of this quota is its hard or, where larger, its usage: the ledger's.
+        known = self.ledger.quota(new.name) if self.leadership.holds_ledger() else None
+        used = known.status.used if known is not None else None
         return await self._carve(
             request,
             new.parent or old.parent,
-            lambda parent: admit_quota_update(old, new, parent, request.uid, now),
+            lambda parent: admit_quota_update(
+                old, new, parent, request.uid, now, children=child_quotas, used=used
+            ),
         )
+
+    async def _charging(self, quota_name: str) -> list[str]:
+        """Workloads that charge `quota_name` now, from a fresh list (quotas are deleted rarely), and
+        those the leader admitted moments ago, which may not be stored yet (an admitted object is
+        stored within the webhook timeout plus the API server's persist time; older reservations
+        belong to objects the list shows, or to requests that failed)."""
+        lists = await asyncio.gather(
+            *(
+                self.api.list_objects(kind, label_selector=f"{QUOTA_LABEL}={quota_name}")
+                for kind in WORKLOAD_KINDS
+            )
+        )
+        objects = [
+            {"kind": kind, **item}
+            for kind, items in zip(WORKLOAD_KINDS, lists, strict=True)
+            for item in items
+        ]
+        refs = set(charging_workloads(quota_name, objects))
+        known = self.ledger.quota(quota_name) if self.leadership.holds_ledger() else None
+        for reservation in known.status.reservations if known is not None else ():
+            fresh = (self.clock() - reservation.created).total_seconds() < UNSTORED_SECONDS
+            if fresh and not reservation.workload.startswith(f"{KIND}//"):
+                refs.add(reservation.workload)
+        return sorted(refs)
 
     async def _carve(
         self, request: AdmissionRequest, parent_name: str, decide: Callable[[GpuQuota | None], Decision]

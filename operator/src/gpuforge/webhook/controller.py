@@ -35,6 +35,7 @@ from gpuforge.api.gpuquota import (
 )
 from gpuforge.constants import QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi, without_managed_fields
+from gpuforge.quota.admission import charged_to_parent
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, used_from_object
 from gpuforge.quota.leader import Role
 from gpuforge.quota.ledger import Ledger
@@ -653,6 +654,10 @@ class UsageController:
             return
         self.ledger.recomputed(quota.name, status)
         self.writer.poke()
+        if quota.parent and charged_to_parent(quota) != charged_to_parent(quota, status.used):
+            # A child above its hard charges its parent what it uses: the parent follows at once.
+            self._dirty_quotas.add(quota.parent)
+            self.poke()
         metrics.RECONCILES.labels("changed").inc()
         self._export(quota.name, quota.hard, status.used)
         if _budget_became_spent(quota, status):
