@@ -15,6 +15,7 @@ plus its own workloads (`status.selfUsed`). Parsing from and to JSON lives in gp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,6 +36,21 @@ CASH_PREFIX: Final = "cash/"
 # DRA devices of a DeviceClass, the same key ResourceQuota uses for ResourceClaims.
 DEVICE_CLASS_KEY_SUFFIX: Final = ".deviceclass.resource.k8s.io/devices"
 RESOURCE_CLAIMS_COUNT_KEY: Final = "count/resourceclaims.resource.k8s.io"
+
+# The keys a GpuQuota can count, as a regular expression in the syntax both Python's `re` and RE2 (the
+# CRD's CEL `matches`) read alike: what ResourceQuota counts for pods (`requests.<resource>`,
+# `limits.<resource>`, the aliases `cpu`, `memory`, `ephemeral-storage`, and `pods`; `<resource>` a
+# qualified resource name, `nvidia.com/gpu.H100` included), DRA devices of a DeviceClass, ResourceClaims,
+# and a `cash/` budget of any of them. The CRD rule on spec.hard carries the same text (a unit test
+# compares them), so a key is refused by the API server even while the webhook is down.
+_DNS_NAME: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_RESOURCE_NAME: Final = rf"({_DNS_NAME}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+QUOTA_KEY_PATTERN: Final = (
+    r"^(cash/)?(pods|cpu|memory|ephemeral-storage"
+    rf"|(requests|limits)\.{_RESOURCE_NAME}"
+    rf"|{_DNS_NAME}\.deviceclass\.resource\.k8s\.io/devices"
+    r"|count/resourceclaims\.resource\.k8s\.io)$"
+)
 
 # Condition types on status.conditions.
 # Set True when status.used was recomputed from the workloads that exist (False with the error if not).
@@ -136,3 +152,8 @@ class GpuQuota:
 
 def is_cash_key(key: str) -> bool:
     return key.startswith(CASH_PREFIX)
+
+
+def is_quota_key(key: str) -> bool:
+    """Whether `key` is one a GpuQuota can count (QUOTA_KEY_PATTERN)."""
+    return re.fullmatch(QUOTA_KEY_PATTERN, key) is not None

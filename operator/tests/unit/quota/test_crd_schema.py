@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuforge.api.gpuquota import Condition, GpuQuota, GpuQuotaStatus, Reservation
+from gpuforge.api.gpuquota import (
+    QUOTA_KEY_PATTERN,
+    Condition,
+    GpuQuota,
+    GpuQuotaStatus,
+    Reservation,
+    is_quota_key,
+)
 from gpuforge.quota.admission import Allowed, WorkloadAsk, admit_workload
 from gpuforge.quota.convert import quota_from_object, quota_to_object, status_to_object
 from gpuforge.quota.reconcile import recompute_status
@@ -131,3 +138,58 @@ def test_racing_scales_never_exceed_hard_while_the_controller_lags(seed: int) ->
             quota = _persisted(quota, status, version)
         admitted = sum(replicas for replicas, _ in truth.values()) + len(in_flight)
         assert admitted <= 16, f"seed {seed}: {admitted} replicas admitted against a quota of 16"
+
+
+# --- CEL rules: what the API server checks without the webhook ---------------------------------------
+
+
+def _hard_rule() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    hard = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["hard"]
+    (rule,) = hard["x-kubernetes-validations"]
+    assert isinstance(rule, dict)
+    return rule
+
+
+def test_the_crd_key_rule_is_the_quota_key_grammar() -> None:
+    rule = _hard_rule()
+    assert rule["rule"] == f'self.all(key, key.matches(r"{QUOTA_KEY_PATTERN}"))'
+    assert f'!key.matches(r"{QUOTA_KEY_PATTERN}")' in rule["messageExpression"]
+
+
+def test_the_packaged_crd_is_the_deployed_one() -> None:
+    packaged = Path(__file__).resolve().parents[3] / "src/gpuforge/render/crds/gpuquotas.gpuforge.io.yaml"
+    assert packaged.read_text() == CRD.read_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "countable"),
+    [
+        ("requests.nvidia.com/gpu", True),
+        ("requests.nvidia.com/gpu.H100", True),
+        ("limits.nvidia.com/gpu", True),
+        ("requests.cpu", True),
+        ("limits.memory", True),
+        ("requests.hugepages-2Mi", True),
+        ("cpu", True),
+        ("memory", True),
+        ("ephemeral-storage", True),
+        ("pods", True),
+        ("gpu.nvidia.com.deviceclass.resource.k8s.io/devices", True),
+        ("count/resourceclaims.resource.k8s.io", True),
+        ("cash/requests.nvidia.com/gpu", True),
+        ("cash/requests.cpu", True),
+        ("nvidia.com/gpu", False),  # a resource name, not a quota key
+        ("requests.", False),
+        ("gpus", False),
+        ("services", False),  # ResourceQuota counts it; GpuQuota counts only what pods take
+        ("count/deployments.apps", False),
+        ("cash/cash/requests.cpu", False),
+        ("requests.Nvidia.com/gpu", False),  # a domain is lower case
+        ("requests.nvidia.com/gpu ", False),
+        ("Requests.cpu", False),
+    ],
+)
+def test_quota_keys(key: str, countable: bool) -> None:
+    assert is_quota_key(key) is countable
