@@ -260,10 +260,36 @@ class Quotas:
     def delete(self, short: str) -> None:
         self.custom.delete_cluster_custom_object("gpuforge.io", "v1alpha1", "gpuquotas", self.name(short))
 
+    def delete_workloads(self) -> None:
+        """Delete the workloads, in any namespace, labelled for this test's quotas."""
+        if not self.created:
+            return
+        selector = f"gpuforge.io/quota in ({','.join(self.created)})"
+        api = self.custom.api_client
+        apps, batch, core = client.AppsV1Api(api), client.BatchV1Api(api), client.CoreV1Api(api)
+        kinds = [
+            (apps.list_deployment_for_all_namespaces, apps.delete_namespaced_deployment),
+            (apps.list_stateful_set_for_all_namespaces, apps.delete_namespaced_stateful_set),
+            (apps.list_replica_set_for_all_namespaces, apps.delete_namespaced_replica_set),
+            (batch.list_cron_job_for_all_namespaces, batch.delete_namespaced_cron_job),
+            (batch.list_job_for_all_namespaces, batch.delete_namespaced_job),
+            (core.list_pod_for_all_namespaces, core.delete_namespaced_pod),
+        ]
+        for list_all, delete in kinds:
+            for item in list_all(label_selector=selector).items:
+                with contextlib.suppress(client.ApiException):
+                    delete(
+                        item.metadata.name,
+                        item.metadata.namespace,
+                        propagation_policy="Background",
+                        grace_period_seconds=0,
+                    )
+
     def used(self, short: str, key: str = GPU) -> str:
         return str(((self.get(short).get("status") or {}).get("used") or {}).get(key, "0"))
 
     def cleanup(self) -> None:
+        self.delete_workloads()  # a quota that running workloads charge cannot be deleted
         for name in reversed(self.created):  # leaves first
             with contextlib.suppress(client.ApiException):
                 self.custom.delete_cluster_custom_object("gpuforge.io", "v1alpha1", "gpuquotas", name)
