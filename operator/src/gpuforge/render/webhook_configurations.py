@@ -4,8 +4,9 @@ The operator calls `render_webhook_configurations` when a GpuStack sets `quota.e
 client config), and `gpuforge webhook run --register` with a URL on loopback. Scope is kept narrow so a
 fail-closed webhook can only block what it governs: system namespaces are excluded, matchConditions pass
 only objects labelled gpuforge.io/quota (on themselves or their pod template) that no workload controller
-owns (and, from namespaces labelled gpuforge.io/quota-required=true, those naming no quota), and the
-timeout is short.
+owns (and, from namespaces labelled gpuforge.io/quota-required=true, those naming no quota), and scales
+that grow, never a scale-down; the timeout is short. An outage so refuses only growth of labelled
+workloads (and any `kubectl scale` up: a Scale carries no labels).
 """
 
 from __future__ import annotations
@@ -85,6 +86,25 @@ _POD_RELABELLED = (
     "oldObject.metadata.labels['" + QUOTA_LABEL + "'] != object.metadata.labels['" + QUOTA_LABEL + "']"
 )
 
+# An update that only lowers replicas (pod template and labels as they were) takes nothing more: it
+# need not reach the webhook, so an outage never holds up a scale-down. Pods, Jobs and CronJobs have
+# no spec.replicas and always come.
+_NOT_A_SCALE_DOWN = (
+    "request.operation != 'UPDATE' || !has(object.spec.replicas) || !has(oldObject.spec.replicas) || "
+    "object.spec.replicas >= oldObject.spec.replicas || "
+    "(has(object.spec.template) ? object.spec.template : {}) != "
+    "(has(oldObject.spec.template) ? oldObject.spec.template : {}) || "
+    "(has(object.metadata.labels) ? object.metadata.labels : {}) != "
+    "(has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})"
+)
+# A Scale object carries no labels, so every scale comes to the webhook, but only one that raises the
+# replicas (a Scale with 0 replicas omits the field).
+_SCALE_UP = (
+    "request.operation != 'UPDATE' || !has(oldObject.spec) || "
+    "((has(object.spec) && has(object.spec.replicas)) ? object.spec.replicas : 0) > "
+    "(has(oldObject.spec.replicas) ? oldObject.spec.replicas : 0)"
+)
+
 
 def _namespace_selector(excluded: Sequence[str], **match_labels: str) -> dict[str, Any]:
     selector: dict[str, Any] = {
@@ -135,7 +155,8 @@ def render_webhook_configurations(
 
     `excluded_namespaces` adds to the system namespaces; pass the webhook's own namespace so it can
     never block itself. The scale webhook cannot see the workload's labels (a Scale object carries
-    none), so it receives every scale in non-system namespaces and allows unlabelled ones at once.
+    none), so it receives every scale up in non-system namespaces and allows unlabelled ones at once;
+    scale-downs, by either path, never reach the webhook.
     """
     if not 1 <= timeout_seconds <= 30:
         raise ValueError(f"timeoutSeconds must be 1..30, got {timeout_seconds}")
@@ -158,6 +179,7 @@ def render_webhook_configurations(
             {"name": "labelled-for-quota", "expression": _LABELLED},
             {"name": "not-owned-by-a-workload", "expression": _NOT_CONTROLLED},
             {"name": "pod-quota-changed", "expression": _POD_RELABELLED},
+            {"name": "not-a-scale-down", "expression": _NOT_A_SCALE_DOWN},
         ],
     )
     # Namespaces that require a quota: workloads naming none come too, and are refused if they take
@@ -187,6 +209,7 @@ def render_webhook_configurations(
         failure_policy,
         timeout_seconds,
         namespaceSelector=_namespace_selector(excluded),
+        matchConditions=[{"name": "scale-up", "expression": _SCALE_UP}],
     )
     tree = _webhook(
         f"gpuquotas.quota.{GROUP}",

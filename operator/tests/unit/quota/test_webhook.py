@@ -261,6 +261,7 @@ def test_configurations_are_narrow() -> None:
     conditions = {item["name"]: item["expression"] for item in hook["matchConditions"]}
     assert "o.apiVersion.startsWith('batch/')" in conditions["not-owned-by-a-workload"]
     assert "oldObject.metadata.labels" in conditions["pod-quota-changed"]
+    assert "object.spec.replicas >= oldObject.spec.replicas" in conditions["not-a-scale-down"]
     assert scale["rules"][0]["resources"] == ["deployments/scale", "statefulsets/scale", "replicasets/scale"]
     assert hook["rules"][3]["resources"] == ["pods/resize"]
     assert "object.spec.template.metadata.labels" in conditions["labelled-for-quota"]
@@ -268,7 +269,21 @@ def test_configurations_are_narrow() -> None:
     assert required["namespaceSelector"]["matchLabels"] == {"gpuforge.io/quota-required": "true"}
     assert required["matchConditions"][0]["expression"].startswith("!(")
     assert "pods" not in required["matchConditions"][1]["expression"].split("||")[0]
+    (scale_up,) = scale["matchConditions"]
+    assert scale_up["name"] == "scale-up" and "> (has(oldObject.spec.replicas)" in scale_up["expression"]
     assert tree["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
+
+
+def test_registered_and_operator_rendered_configurations_filter_alike() -> None:
+    """`webhook run --register` (a URL) and the operator (a Service) render one set of filters."""
+    by_url = render_webhook_configurations(ClientTarget(b"CA", url="https://127.0.0.1:8443"))
+    by_service = render_webhook_configurations(
+        ClientTarget(b"CA", service_name="quota", service_namespace="gpuforge"), excluded_namespaces=["x"]
+    )
+    for url_config, service_config in zip(by_url, by_service, strict=True):
+        for url_hook, service_hook in zip(url_config["webhooks"], service_config["webhooks"], strict=True):
+            assert url_hook.get("matchConditions") == service_hook.get("matchConditions")
+            assert url_hook["rules"] == service_hook["rules"]
 
 
 def test_service_target_and_bad_timeout() -> None:
