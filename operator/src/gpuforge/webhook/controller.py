@@ -428,7 +428,7 @@ class UsageController:
         dirty, self._dirty_quotas = self._dirty_quotas, set()
         try:
             with metrics.RECONCILE_PASS.labels("all" if full else "touched").time():
-                return await self.reconcile_all(None if full else dirty)
+                return await self.reconcile_all(None if full else dirty, resync=full)
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
             metrics.RECONCILES.labels("error").inc()
             log.warning("usage reconcile failed, retrying soon: %s", error)
@@ -574,9 +574,12 @@ class UsageController:
             runs.setdefault(quota, []).append(PodRun(per_pod, started, finished))
         return runs
 
-    async def reconcile_all(self, only: set[str] | None = None, *, only_named: bool = False) -> bool:
+    async def reconcile_all(
+        self, only: set[str] | None = None, *, only_named: bool = False, resync: bool = False
+    ) -> bool:
         """Recompute every quota in the ledger once, or (`only`) those named and (unless `only_named`)
-        those holding reservations due to expire or settle. Returns whether any quota has a budget
+        those holding reservations due to expire or settle; a periodic `resync` writes every quota it
+        recomputes, changed or not (its lastReconcileTime). Returns whether any quota has a budget
         (accrual needs ticks). Only the workloads charged to the quotas recomputed are read, and the
         loop is handed back every YIELD_EVERY of them: a pass never holds up admissions for long."""
         has_budgets = any(is_cash_key(key) for quota in self.ledger.quotas() for key in quota.hard)
@@ -628,7 +631,9 @@ class UsageController:
                 continue
             # Each quota is read and changed in one go, so admissions decided meanwhile are part of
             # what is recomputed; between quotas, waiting admissions go first.
-            self._apply(quota, children.get(name, []), usages.get(name, []), runs.get(name, []))
+            self._apply(
+                quota, children.get(name, []), usages.get(name, []), runs.get(name, []), resync=resync
+            )
             if index % 16 == 15:
                 await asyncio.sleep(0)
         return has_budgets
@@ -639,15 +644,22 @@ class UsageController:
         children: list[GpuQuota],
         usages: list[WorkloadUsage],
         runs: list[PodRun],
+        *,
+        resync: bool = False,
     ) -> None:
-        """Recompute `quota` (the ledger's copy) and put the result in the ledger to be written."""
+        """Recompute `quota` (the ledger's copy) and put the result in the ledger to be written. A full
+        resync writes it even unchanged: its lastReconcileTime then says the controller looked."""
         now = self.clock()
         since = quota.status.last_reconcile_time or now
         accrued = accrue(runs, since, now, self.speedup) if runs else {}
         deleted = {ref: (generation, uid) for ref, (generation, uid, _) in self._deleted.items()}
         status = recompute_status(quota, children, usages, accrued, now, self.reservation_ttl, deleted)
         budgets = any(is_cash_key(key) for key in quota.hard)
-        if not budgets and (not status_differs(quota.status, status) or self._defer_settling(quota, status)):
+        if (
+            not budgets
+            and not resync
+            and (not status_differs(quota.status, status) or self._defer_settling(quota, status))
+        ):
             metrics.RECONCILES.labels("unchanged").inc()
             self.ledger.recomputed(quota.name, None)
             self._export(quota.name, quota.hard, quota.status.used)

@@ -154,3 +154,19 @@ def test_the_caches_keep_metadata_and_spec_only() -> None:
         "spec": {"replicas": 2},
     }
     assert "status" in served and "managedFields" in served["metadata"]  # the watch's copy is untouched
+
+
+async def test_a_resync_writes_every_quota_with_its_reconcile_time() -> None:
+    """Each periodic resync stamps lastReconcileTime, though nothing else changed: the time says the
+    controller looked, not only that usage moved."""
+    api = MemoryApi([quota("a", used=1)], [deployment("w", "a", 1)])
+    shell = leading(api)
+    await shell.controller.reconcile_all()
+    ledger = shell.leadership.ledger
+    assert ledger.due() == []  # a pass after events, or a term's first count: unchanged, not written
+    later = leading(api, NOW + timedelta(seconds=300))
+    await later.controller.reconcile_all(resync=True)
+    held = later.leadership.ledger.quota("a")
+    assert later.leadership.ledger.due() == ["a"]
+    assert held is not None and held.status.last_reconcile_time == NOW + timedelta(seconds=300)
+    assert held.status.used == {GPU: 1}
