@@ -202,12 +202,19 @@ def _status_from_object(status: Mapping[str, Any]) -> GpuQuotaStatus:
     )
 
 
+def remaining(hard: ResourceList, used: ResourceList) -> dict[str, Decimal]:
+    """What is left of each key of `hard` (under `cash/`: the budget left, in hours); 0 when over."""
+    return {key: max(amount - used.get(key, Decimal(0)), Decimal(0)) for key, amount in hard.items()}
+
+
 def status_to_object(status: GpuQuotaStatus) -> dict[str, Any]:
-    """The JSON of a status, for a status replace."""
+    """The JSON of a status, for a status replace. `remaining` is derived from `hard` and `used`, for
+    `kubectl get` (a printer column cannot subtract); it is never read back."""
     result: dict[str, Any] = {
         "hard": format_resource_list(status.hard),
         "used": format_resource_list(status.used),
         "selfUsed": format_resource_list(status.self_used),
+        "remaining": format_resource_list(remaining(status.hard, status.used)),
     }
     if status.reservations:
         result["reservations"] = [

@@ -36,7 +36,7 @@ from gpuforge.api.gpuquota import (
 from gpuforge.constants import QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi, without_managed_fields
 from gpuforge.quota.admission import charged_to_parent
-from gpuforge.quota.convert import QuotaSpecError, quota_from_object, used_from_object
+from gpuforge.quota.convert import QuotaSpecError, quota_from_object, remaining, used_from_object
 from gpuforge.quota.leader import Role
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults, container_defaults
@@ -201,6 +201,8 @@ class UsageController:
     # Whether each workload refers to DRA claims, by its resourceVersion.
     _claims: dict[tuple[str, str, str], tuple[str, bool]] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    # The spec.hard keys each quota's metric series were exported for (removed with the quota or key).
+    _exported: dict[str, set[str]] = field(default_factory=dict)
     # Set by the process's entry point (not by tests that run the webhook inside their own process).
     freeze_gc: bool = False
     _thawed_at: float = 0.0
@@ -289,6 +291,11 @@ class UsageController:
     def _quota_changed(self, event_type: str, name: str, obj: Obj) -> None:
         """Keep the ledger's spec in step with the watch (its status is the ledger's own); a follower
         shows the usage the leader writes."""
+        if event_type == "DELETED":  # its series go with it, on every replica
+            for key in self._exported.pop(name, set()):
+                _drop_series(name, key)
+            with contextlib.suppress(KeyError):
+                metrics.QUOTA_RECONCILED.remove(name)
         if not self.leadership.holds_ledger():
             if event_type != "DELETED":
                 self._export_written(obj)
@@ -654,6 +661,7 @@ class UsageController:
         accrued = accrue(runs, since, now, self.speedup) if runs else {}
         deleted = {ref: (generation, uid) for ref, (generation, uid, _) in self._deleted.items()}
         status = recompute_status(quota, children, usages, accrued, now, self.reservation_ttl, deleted)
+        metrics.QUOTA_RECONCILED.labels(quota.name).set(now.timestamp())
         budgets = any(is_cash_key(key) for key in quota.hard)
         if (
             not budgets
@@ -697,9 +705,14 @@ class UsageController:
         self._export(quota.name, quota.hard, used)
 
     def _export(self, name: str, hard: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> None:
+        left = remaining(hard, used)
+        for key in self._exported.get(name, set()) - set(hard):  # a key taken out of spec.hard
+            _drop_series(name, key)
+        self._exported[name] = set(hard)
         for key, amount in hard.items():
             metrics.QUOTA_HARD.labels(name, key).set(float(amount))
             metrics.QUOTA_USED.labels(name, key).set(float(used.get(key, Decimal(0))))
+            metrics.QUOTA_REMAINING.labels(name, key).set(float(left[key]))
             if is_cash_key(key):
                 metrics.BUDGET_EXHAUSTED.labels(name, key).set(
                     1.0 if used.get(key, Decimal(0)) >= amount else 0.0
@@ -713,6 +726,12 @@ class UsageController:
             reason=REASON_BUDGET_EXHAUSTED,
             message=f"Budget spent; {spent.message}. Running workloads keep running.",
         )
+
+
+def _drop_series(quota: str, key: str) -> None:
+    for gauge in (metrics.QUOTA_HARD, metrics.QUOTA_USED, metrics.QUOTA_REMAINING, metrics.BUDGET_EXHAUSTED):
+        with contextlib.suppress(KeyError):
+            gauge.remove(quota, key)
 
 
 def _budget_became_spent(before: GpuQuota, after: GpuQuotaStatus) -> bool:

@@ -109,6 +109,18 @@ QUOTA_HARD: Final = Gauge(
     ["quota", "key"],
     registry=REGISTRY,
 )
+QUOTA_REMAINING: Final = Gauge(
+    "gpuforge_quota_remaining",
+    "What is left of each GpuQuota key: hard - used, 0 when over (under cash/: the budget left, in hours).",
+    ["quota", "key"],
+    registry=REGISTRY,
+)
+QUOTA_RECONCILED: Final = Gauge(
+    "gpuforge_quota_last_reconcile_timestamp_seconds",
+    "When the leader's usage controller last recomputed each GpuQuota (Unix time).",
+    ["quota"],
+    registry=REGISTRY,
+)
 RECONCILES: Final = Counter(
     "gpuforge_quota_reconciles_total",
     "Usage recomputations by the controller, by result (written, unchanged, error).",

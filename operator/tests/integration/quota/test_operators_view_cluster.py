@@ -1,13 +1,60 @@
-"""What an operator of the cluster sees of GpuQuotas on the real local control plane: a status
-stamped at every resync."""
+"""What an operator of the cluster sees of GpuQuotas on the real local control plane: `kubectl get`
+columns that show pressure, per-quota metrics, and a status stamped at every resync."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+from typing import Any
 
-from .conftest import GPU, Quotas, wait_for
+import pytest
+from kubernetes import client
+
+from .conftest import GPU, Quotas, WebhookProcess, deployment, kubectl, wait_for
 
 pytestmark = pytest.mark.cluster
+
+BUDGET = f"cash/{GPU}"
+
+
+def test_pressure_shows_in_kubectl_get_and_in_metrics(
+    quotas: Quotas, namespace: str, api_client: Any, dev_cluster: Any, quota_webhook: WebhookProcess
+) -> None:
+    quotas.create("team", {GPU: 8, BUDGET: 1000})
+    name = quotas.name("team")
+    client.AppsV1Api(api_client).create_namespaced_deployment(
+        namespace, deployment("w", name, gpus=1, replicas=2)
+    )
+    wait_for(lambda: quotas.used("team") == "2", message="the quota to count its Deployment")
+    wait_for(
+        lambda: (quotas.get("team")["status"].get("remaining") or {}).get(GPU) == "6",
+        message="status.remaining to follow used",
+    )
+
+    table = subprocess.run(
+        [*kubectl(dev_cluster), "get", "gpuquota", name], capture_output=True, text=True, check=True
+    ).stdout
+    header, row = table.splitlines()
+    assert header.split()[:8] == ["NAME", "PARENT", "GPUS", "USED", "GPUS", "HARD", "GPUS", "LEFT"]
+    assert "GPU-HOURS LEFT" in header and "READY" in header
+    columns = row.split()
+    assert columns[:4] == [name, "2", "8", "6"]  # an empty parent prints nothing
+    assert "True" in columns  # Ready: the usage controller recomputed it
+    wide = subprocess.run(
+        [*kubectl(dev_cluster), "get", "gpuquota", name, "-o", "wide"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "OVER QUOTA" in wide and "RECONCILED" in wide
+
+    def series(metric: str, key: str) -> float | None:
+        return quota_webhook.metric(f'{metric}{{key="{key}",quota="{name}"}}')  # labels sorted
+
+    wait_for(lambda: series("gpuforge_quota_remaining", GPU) == 6.0, message="the remaining metric")
+    assert series("gpuforge_quota_used", GPU) == 2.0 and series("gpuforge_quota_hard", GPU) == 8.0
+    budget_left = series("gpuforge_quota_remaining", BUDGET)
+    assert budget_left is not None and 0 < budget_left <= 1000.0
+    assert quota_webhook.metric(f'gpuforge_quota_last_reconcile_timestamp_seconds{{quota="{name}"}}')
 
 
 def test_each_resync_stamps_last_reconcile_time(quotas: Quotas) -> None:

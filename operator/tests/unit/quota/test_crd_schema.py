@@ -193,3 +193,21 @@ def test_the_packaged_crd_is_the_deployed_one() -> None:
 )
 def test_quota_keys(key: str, countable: bool) -> None:
     assert is_quota_key(key) is countable
+
+
+@pytest.mark.parametrize(
+    ("hard", "used", "left"),
+    [
+        ({GPU: "8"}, {GPU: "2"}, {GPU: "6"}),
+        ({GPU: "2"}, {GPU: "6"}, {GPU: "0"}),  # over hard: nothing left, not a negative amount
+        ({GPU: "8", f"cash/{GPU}": "100"}, {f"cash/{GPU}": "99.5"}, {GPU: "8", f"cash/{GPU}": "500m"}),
+    ],
+)
+def test_status_shows_what_is_left_and_the_schema_keeps_it(
+    hard: dict[str, str], used: dict[str, str], left: dict[str, str]
+) -> None:
+    status = GpuQuotaStatus(
+        hard={k: Decimal(v) for k, v in hard.items()}, used={k: Decimal(v) for k, v in used.items()}
+    )
+    written = prune(status_to_object(status), status_schema())
+    assert written["remaining"] == left
