@@ -18,7 +18,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -663,13 +663,13 @@ class UsageController:
         status = recompute_status(quota, children, usages, accrued, now, self.reservation_ttl, deleted)
         metrics.QUOTA_RECONCILED.labels(quota.name).set(now.timestamp())
         budgets = any(is_cash_key(key) for key in quota.hard)
-        if (
-            not budgets
-            and not resync
-            and (not status_differs(quota.status, status) or self._defer_settling(quota, status))
-        ):
+        if not budgets and (not status_differs(quota.status, status) or self._defer_settling(quota, status)):
             metrics.RECONCILES.labels("unchanged").inc()
-            self.ledger.recomputed(quota.name, None)
+            # A resync stamps the time on the status as it stands (settling put off stays put off).
+            stamped = replace(quota.status, last_reconcile_time=now) if resync else None
+            self.ledger.recomputed(quota.name, stamped)
+            if stamped is not None:
+                self.writer.poke()
             self._export(quota.name, quota.hard, quota.status.used)
             return
         self.ledger.recomputed(quota.name, status)

@@ -170,3 +170,14 @@ async def test_a_resync_writes_every_quota_with_its_reconcile_time() -> None:
     assert later.leadership.ledger.due() == ["a"]
     assert held is not None and held.status.last_reconcile_time == NOW + timedelta(seconds=300)
     assert held.status.used == {GPU: 1}
+
+
+async def test_a_resync_stamps_the_time_but_still_puts_off_settling() -> None:
+    young = [reservation("Deployment/ns/w", 1)]
+    api = MemoryApi([quota("a", used=1, reservations=young)], [deployment("w", "a", 1)])
+    shell = leading(api, settle_seconds=15, settle_batch=16)
+    await shell.controller.reconcile_all(resync=True)
+    held = shell.leadership.ledger.quota("a")
+    assert shell.leadership.ledger.due() == ["a"]
+    assert held is not None and held.status.last_reconcile_time == NOW
+    assert len(held.status.reservations) == 1  # dropping it can still wait for a batch
