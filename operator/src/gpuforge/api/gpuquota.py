@@ -43,8 +43,10 @@ RESOURCE_CLAIMS_COUNT_KEY: Final = "count/resourceclaims.resource.k8s.io"
 # qualified resource name, `nvidia.com/gpu.H100` included), DRA devices of a DeviceClass, ResourceClaims,
 # and a `cash/` budget of any of them. The CRD rule on spec.hard carries the same text (a unit test
 # compares them), so a key is refused by the API server even while the webhook is down.
-_DNS_NAME: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_RESOURCE_NAME: Final = rf"({_DNS_NAME}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+# Loose on purpose where the webhook is exact (which vendor resources exist, `limits.` only for the
+# standard ones): the CRD refuses what can never be a key, the webhook names the spelling meant.
+_DNS_NAME: Final = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
+_RESOURCE_NAME: Final = rf"({_DNS_NAME}/)?[A-Za-z0-9][-A-Za-z0-9_.]*"
 QUOTA_KEY_PATTERN: Final = (
     r"^(cash/)?(pods|cpu|memory|ephemeral-storage"
     rf"|(requests|limits)\.{_RESOURCE_NAME}"

@@ -154,8 +154,13 @@ def _hard_rule() -> dict[str, Any]:
 
 def test_the_crd_key_rule_is_the_quota_key_grammar() -> None:
     rule = _hard_rule()
-    assert rule["rule"] == f'self.all(key, key.matches(r"{QUOTA_KEY_PATTERN}"))'
+    grandfathered = "(oldSelf.hasValue() && key in oldSelf.value())"
+    assert rule["rule"] == f'self.all(key, key.matches(r"{QUOTA_KEY_PATTERN}") || {grandfathered})'
+    assert rule["optionalOldSelf"] is True  # evaluated on create too, where there is no oldSelf
     assert f'!key.matches(r"{QUOTA_KEY_PATTERN}")' in rule["messageExpression"]
+    # The message names the first key off the grammar (the API server gives messageExpression no
+    # oldSelf to leave a stored key out).
+    assert "oldSelf" not in rule["messageExpression"]
 
 
 def test_the_packaged_crd_is_the_deployed_one() -> None:
@@ -172,6 +177,10 @@ def test_the_packaged_crd_is_the_deployed_one() -> None:
         ("requests.cpu", True),
         ("limits.memory", True),
         ("requests.hugepages-2Mi", True),
+        ("requests.ephemeral-storage", True),
+        ("requests.nvidia.com/gpu.shared", True),
+        ("requests.nvidia.com/mig-1g.5gb", True),
+        ("requests.amd.com/gpu", True),
         ("cpu", True),
         ("memory", True),
         ("ephemeral-storage", True),
