@@ -24,10 +24,10 @@ def test_pressure_shows_in_kubectl_get_and_in_metrics(
     client.AppsV1Api(api_client).create_namespaced_deployment(
         namespace, deployment("w", name, gpus=1, replicas=2)
     )
-    wait_for(lambda: quotas.used("team") == "2", message="the quota to count its Deployment")
+    wait_for("the quota to count its Deployment", lambda: quotas.used("team") == "2")
     wait_for(
+        "status.remaining to follow used",
         lambda: (quotas.get("team")["status"].get("remaining") or {}).get(GPU) == "6",
-        message="status.remaining to follow used",
     )
 
     table = subprocess.run(
@@ -50,7 +50,7 @@ def test_pressure_shows_in_kubectl_get_and_in_metrics(
     def series(metric: str, key: str) -> float | None:
         return quota_webhook.metric(f'{metric}{{key="{key}",quota="{name}"}}')  # labels sorted
 
-    wait_for(lambda: series("gpuforge_quota_remaining", GPU) == 6.0, message="the remaining metric")
+    wait_for("the remaining metric", lambda: series("gpuforge_quota_remaining", GPU) == 6.0)
     assert series("gpuforge_quota_used", GPU) == 2.0 and series("gpuforge_quota_hard", GPU) == 8.0
     budget_left = series("gpuforge_quota_remaining", BUDGET)
     assert budget_left is not None and 0 < budget_left <= 1000.0
@@ -58,16 +58,16 @@ def test_pressure_shows_in_kubectl_get_and_in_metrics(
 
 
 def test_each_resync_stamps_last_reconcile_time(quotas: Quotas) -> None:
-    """The session's webhook resyncs every 5 s; an idle quota's status is written at each one."""
+    """The suite's webhook resyncs every 5 s; an idle quota's status is written at each one."""
     quotas.create("idle", {GPU: 4})
     wait_for(
+        "a first reconcile",
         lambda: bool((quotas.get("idle").get("status") or {}).get("lastReconcileTime")),
-        message="a first reconcile",
     )
     first = quotas.get("idle")["status"]["lastReconcileTime"]
     wait_for(
+        "the next resync to stamp lastReconcileTime though nothing changed",
         lambda: quotas.get("idle")["status"]["lastReconcileTime"] > first,
         timeout=30,
-        message="the next resync to stamp lastReconcileTime though nothing changed",
     )
     assert quotas.used("idle") == "0"

@@ -21,12 +21,12 @@ def test_a_busy_child_keeps_its_usage_charged_and_cannot_be_deleted(
     quotas.create("org", {GPU: 16})
     quotas.create("team", {GPU: 8}, parent="org")
     apps.create_namespaced_deployment(namespace, deployment("busy", quotas.name("team"), gpus=1, replicas=4))
-    wait_for(lambda: quotas.used("team") == "4", message="the child to count its Deployment")
+    wait_for("the child to count its Deployment", lambda: quotas.used("team") == "4")
 
     quotas.patch("team", {"spec": {"hard": {GPU: "2"}}})  # lowering is always allowed
     wait_for(
+        "the parent to give back only what does not run (8 -> 4, not 2)",
         lambda: quotas.used("org") == "4",
-        message="the parent to give back only what does not run (8 -> 4, not 2)",
         describe=lambda: quotas.get("org").get("status"),
     )
     with pytest.raises(client.ApiException, match="still charged by 1 running workload") as refused:
@@ -34,9 +34,9 @@ def test_a_busy_child_keeps_its_usage_charged_and_cannot_be_deleted(
     assert f"Deployment/{namespace}/busy" in str(refused.value.body)
 
     apps.delete_namespaced_deployment("busy", namespace)
-    wait_for(lambda: quotas.used("org") == "2", message="the parent to get back what stopped running")
+    wait_for("the parent to get back what stopped running", lambda: quotas.used("org") == "2")
     quotas.delete("team")
-    wait_for(lambda: quotas.used("org") == "0", message="the parent to get the deleted leaf's quota back")
+    wait_for("the parent to get the deleted leaf's quota back", lambda: quotas.used("org") == "0")
 
 
 def test_a_parent_gains_a_key_only_once_its_children_hold_it(quotas: Quotas) -> None:
