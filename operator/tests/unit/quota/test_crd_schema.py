@@ -147,7 +147,8 @@ def _hard_rule() -> dict[str, Any]:
     crd = yaml.safe_load(CRD.read_text())
     (version,) = crd["spec"]["versions"]
     hard = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["hard"]
-    (rule,) = hard["x-kubernetes-validations"]
+    rule, bare_extended_resource = hard["x-kubernetes-validations"]
+    assert "did you mean requests." in bare_extended_resource["messageExpression"]
     assert isinstance(rule, dict)
     return rule
 
