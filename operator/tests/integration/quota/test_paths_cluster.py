@@ -62,7 +62,17 @@ def test_relabelling_a_bare_pod_is_admitted_by_the_new_quota(
     with pytest.raises(client.ApiException, match="but only 0 is left"):
         core.patch_namespaced_pod("mover", namespace, relabel)
     quotas.patch("to", {"spec": {"hard": {GPU: "1"}}})
-    core.patch_namespaced_pod("mover", namespace, relabel)
+
+    def relabelled() -> bool:
+        try:
+            core.patch_namespaced_pod("mover", namespace, relabel)
+        except client.ApiException as error:
+            if "but only 0 is left" in str(error.body):
+                return False  # the webhook's watch has not delivered the raised hard yet
+            raise
+        return True
+
+    wait_for("the relabel admitted once the webhook sees the raised quota", relabelled, timeout=15)
     wait_for(
         "the GPU to move to the new quota",
         lambda: quotas.used("from") == "0" and quotas.used("to") == "1",
