@@ -98,3 +98,36 @@ def test_runtime_facts_become_node_labels_and_default_to_a_runc_node_without_mig
 def test_a_runtime_fact_must_be_a_boolean() -> None:
     with pytest.raises(PoolError, match=r"pools\[0\].nvidiaDefaultRuntime must be true or false"):
         parse_pools({"pools": [{"name": "p", "nvidiaDefaultRuntime": "yes"}]})
+
+
+def test_a_mig_pool_takes_the_products_default_layout_or_its_own() -> None:
+    a100, custom = parse_pools(
+        {
+            "pools": [
+                {"name": "a100", "migEnabled": True},
+                {"name": "own", "migEnabled": True, "gpu": {"migProfile": "3g.40gb", "migDevicesPerGpu": 2}},
+            ]
+        }
+    )
+    assert a100.gpu is not None and a100.gpu.mig_layout() == ("1g.10gb", 7)
+    assert custom.gpu is not None and custom.gpu.mig_layout() == ("3g.40gb", 2)
+    restored = GpuSpec.from_json(
+        render_node(custom, "own-0", "v1.34.2")["metadata"]["annotations"]["sim.gpuforge.io/gpus"]
+    )
+    assert restored.mig_layout() == ("3g.40gb", 2)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "message"),
+    [
+        ({"product": "NVIDIA L4", "migCapable": False}, r"pools\[0\].migEnabled needs a MIG-capable GPU"),
+        (
+            {"product": "NVIDIA B200"},
+            r"no default MIG layout for 'NVIDIA B200'; set pools\[0\].gpu.migProfile",
+        ),
+        ({"migProfile": "tiny"}, r"pools\[0\].gpu.migProfile must look like 1g.10gb"),
+    ],
+)
+def test_a_mig_pool_needs_a_layout_it_can_have(gpu: dict[str, object], message: str) -> None:
+    with pytest.raises(PoolError, match=message):
+        parse_pools({"pools": [{"name": "p", "migEnabled": True, "gpu": gpu}]})

@@ -37,6 +37,17 @@ class PoolError(ValueError):
     pass
 
 
+# The MIG layout a GPU gets by default when its pool is in MIG mode: the smallest profile, as many as fit
+# (NVIDIA's MIG user guide, "Supported MIG Profiles"), by a word of the product name and its memory size.
+MIG_DEFAULTS: Mapping[tuple[str, str | None], tuple[str, int]] = {
+    ("A100", "40GB"): ("1g.5gb", 7),
+    ("A100", "80GB"): ("1g.10gb", 7),
+    ("H100", "80GB"): ("1g.10gb", 7),
+    ("A30", None): ("1g.6gb", 4),
+}
+_MIG_PROFILE = re.compile(r"^[1-9]g\.[0-9]+gb(\+[a-z]+)*$")
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     product: str = "NVIDIA A100-SXM4-80GB"
@@ -48,6 +59,25 @@ class GpuSpec:
     architecture: str = "Ampere"
     brand: str = "Nvidia"
     mig_capable: bool = True
+    # The MIG devices each GPU carries when the node's GPUs are in MIG mode (the pool's migEnabled):
+    # a profile such as "1g.10gb" and how many; "" / 0 take the product's default (MIG_DEFAULTS).
+    mig_profile: str = ""
+    mig_devices_per_gpu: int = 0
+
+    def mig_layout(self) -> tuple[str, int] | None:
+        """(profile, devices per GPU) of a GPU in MIG mode; None when the product has no default and
+        none was given."""
+        default = next(
+            (
+                layout
+                for (word, memory), layout in MIG_DEFAULTS.items()
+                if word in self.product.upper() and (memory is None or memory in self.product.upper())
+            ),
+            None,
+        )
+        profile = self.mig_profile or (default[0] if default else "")
+        devices = self.mig_devices_per_gpu or (default[1] if default else 0)
+        return (profile, devices) if profile and devices > 0 else None
 
     @property
     def product_label(self) -> str:
@@ -100,6 +130,8 @@ _GPU_KEYS = {
     "architecture": "architecture",
     "brand": "brand",
     "migCapable": "mig_capable",
+    "migProfile": "mig_profile",
+    "migDevicesPerGpu": "mig_devices_per_gpu",
 }
 
 
@@ -118,6 +150,10 @@ def _parse_gpu(raw: Any, where: str) -> GpuSpec | None:
     spec = GpuSpec(**values)
     if not isinstance(spec.count, int) or spec.count < 1:
         raise PoolError(f"{where}.gpu.count must be a positive integer")
+    if spec.mig_profile and not _MIG_PROFILE.match(spec.mig_profile):
+        raise PoolError(f"{where}.gpu.migProfile must look like 1g.10gb, got {spec.mig_profile!r}")
+    if not isinstance(spec.mig_devices_per_gpu, int) or spec.mig_devices_per_gpu < 0:
+        raise PoolError(f"{where}.gpu.migDevicesPerGpu must be a non-negative integer")
     return spec
 
 
@@ -156,11 +192,20 @@ def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
             if not isinstance(value, bool):
                 raise PoolError(f"{where}.{key} must be true or false, got {value!r}")
             runtime_facts[key] = value
+        gpu = _parse_gpu(raw.get("gpu", {}), where)
+        if runtime_facts["migEnabled"] and gpu is not None:
+            if not gpu.mig_capable:
+                raise PoolError(f"{where}.migEnabled needs a MIG-capable GPU ({where}.gpu.migCapable)")
+            if gpu.mig_layout() is None:
+                raise PoolError(
+                    f"{where}.migEnabled: no default MIG layout for {gpu.product!r}; "
+                    f"set {where}.gpu.migProfile and {where}.gpu.migDevicesPerGpu"
+                )
         pools.append(
             Pool(
                 name=name,
                 count=count,
-                gpu=_parse_gpu(raw.get("gpu", {}), where),
+                gpu=gpu,
                 kubelet_version=kubelet,
                 labels={str(k): str(v) for k, v in raw.get("labels", {}).items()},
                 taints=taints,
