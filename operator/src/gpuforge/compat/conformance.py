@@ -71,7 +71,8 @@ def _reaches_nvml(
     return bool(spec.get("runtimeClassName")) or node.nvidia_default_runtime
 
 
-def _mig_strategy(container: Mapping[str, Any], config: Mapping[str, Any] | None) -> str:
+def mig_strategy(container: Mapping[str, Any], config: Mapping[str, Any] | None) -> str:
+    """The MIG strategy the device plugin in `container` runs with."""
     # The plugin's flags: the environment overrides the config file, which overrides the default.
     from_env = _env_value(container, "MIG_STRATEGY")
     if from_env is not None:
@@ -113,6 +114,6 @@ def judge(
             return Verdict(False, binary.error("nvml_unavailable"))
     if release.mig_needs_sys_admin and node.mig_enabled:
         for container in containers:
-            if _mig_strategy(container, config) != MIG_STRATEGY_NONE and not _adds_sys_admin(container):
+            if mig_strategy(container, config) != MIG_STRATEGY_NONE and not _adds_sys_admin(container):
                 return Verdict(False, release.error("mig_permission"))
     return OK

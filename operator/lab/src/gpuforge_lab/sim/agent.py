@@ -3,9 +3,12 @@
 No GPUs exist here. This agent stands in for what the NVIDIA plugins do on a real node, so the operator can be
 tested against a real API server:
 - a device-plugin pod (label gpuforge.io/component=device-plugin) Ready on a node: the node's capacity and
-  allocatable get `nvidia.com/gpu` = its GPU count (kubelet's device manager would do this); when the pod goes
-  or turns unready, they drop to 0. An advertisement the agent did not make (another installation's plugin,
-  written into the node status by a test) is left as it is: kubelet keeps serving a plugin it did not lose;
+  allocatable get what NVIDIA's plugin would register for the node's GPUs with the pod's MIG strategy and
+  mounted config (gpuforge_lab.sim.advertise: `nvidia.com/gpu`, `nvidia.com/gpu.shared` with time slicing's
+  renameByDefault, `nvidia.com/mig-<profile>` with the mixed strategy), as kubelet's device manager would;
+  when the pod goes or turns unready, exactly those drop to 0. An advertisement the agent did not make
+  (another installation's plugin, written into the node status by a test) is left as it is: kubelet keeps
+  serving a plugin it did not lose;
 - a DRA kubelet-plugin pod (component=dra-kubelet-plugin) Ready on a node: a ResourceSlice for it appears,
   driver gpu.nvidia.com, in the newest resource.k8s.io version the server serves, with the attributes and
   capacity NVIDIA's driver publishes; when the pod goes, the slice goes.
@@ -37,7 +40,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
-from gpuforge.compat.conformance import NodeRuntime, Verdict, judge
+from gpuforge.compat.conformance import NodeRuntime, Verdict, judge, mig_strategy
 from gpuforge.compat.operands import OperandRelease, UnsupportedRelease, load_operands
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
@@ -45,13 +48,13 @@ from gpuforge.constants import (
     COMPONENT_DRA_KUBELET_PLUGIN,
     COMPONENT_LABEL,
     DRA_DRIVER_GPU,
-    GPU_RESOURCE,
     SIM_FAIL_ANNOTATION,
     SIM_FAIL_TAG_SUFFIXES,
     SIM_MIG_ENABLED_LABEL,
     SIM_NVIDIA_DEFAULT_RUNTIME_LABEL,
 )
 from gpuforge_lab.devcluster.pools import SIM_GPUS_ANNOTATION, GpuSpec
+from gpuforge_lab.sim.advertise import PluginExits, advertised, node_gpus
 
 log = logging.getLogger("gpuforge_lab.sim.agent")
 # Operand pods the agent starts (judged against their release); only the plugins advertise.
@@ -154,6 +157,20 @@ def verdict_of(pod: Mapping[str, Any], node: Mapping[str, Any], config: Mapping[
     if release is None:
         return Verdict(ok=True)
     return judge(pod, release, node_runtime(node), config, load_operands().container_releases(release))
+
+
+def plugin_resources(
+    pod: Mapping[str, Any], gpu: GpuSpec, node: Mapping[str, Any], config: Mapping[str, Any] | None
+) -> dict[str, int]:
+    """What the device-plugin pod registers with kubelet on `node`; raises PluginExits where it would exit."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    strategy = mig_strategy(containers[0], config) if containers else "none"
+    return advertised(node_gpus(gpu, node_runtime(node).mig_enabled), strategy, config)
+
+
+def _gpu_of(node: Mapping[str, Any]) -> GpuSpec | None:
+    raw = (node["metadata"].get("annotations") or {}).get(SIM_GPUS_ANNOTATION)
+    return GpuSpec.from_json(raw) if raw is not None else None
 
 
 def left_to_kwok(pod: Mapping[str, Any]) -> bool:
@@ -324,9 +341,11 @@ class NodeView:
     """What the agent knows of one node: its GPUs and which plugin pods are Ready on it."""
 
     obj: dict[str, Any] | None = None
-    device_plugin_pods: set[str] = field(default_factory=set)
+    # Ready device-plugin pods by uid (their specs say what they advertise)
+    device_plugin_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     dra_pods: set[str] = field(default_factory=set)
-    advertising_device_plugin: bool = False
+    # extended resources the agent set on the node for the device plugin, and their counts
+    device_plugin_resources: dict[str, int] = field(default_factory=dict)
     advertising_dra: bool = False
     # plugin pods bound here that nobody has started yet, by uid
     pending_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -350,6 +369,8 @@ class Agent:
         self.nodes: dict[str, NodeView] = {}
         self.pod_nodes: dict[str, tuple[str, str]] = {}  # pod uid -> (node, component)
         self.pending_nodes: dict[str, str] = {}  # pod uid -> node, of plugin pods not started yet
+        # the device-plugin config each pod started with, by uid (the plugin reads its file once)
+        self.pod_configs: dict[str, Mapping[str, Any] | None] = {}
         # crash-looping plugin pods: uid -> (namespace, name, verdict, restarts)
         self.crashing: dict[str, tuple[str, str, Verdict, int]] = {}
         self.lock = threading.Lock()
@@ -447,6 +468,7 @@ class Agent:
         with self.lock:
             if deleted:
                 self.crashing.pop(uid, None)
+                self.pod_configs.pop(uid, None)
             pending_on = self.pending_nodes.pop(uid, None)
             if pending_on is not None:
                 self.nodes.setdefault(pending_on, NodeView()).pending_pods.pop(uid, None)
@@ -456,16 +478,18 @@ class Agent:
                 touched.add(node_name)
             previous = self.pod_nodes.pop(uid, None)
             if previous:
-                old_node, old_component = previous
+                old_node, _ = previous
                 view = self.nodes.setdefault(old_node, NodeView())
-                (
-                    view.device_plugin_pods if old_component == COMPONENT_DEVICE_PLUGIN else view.dra_pods
-                ).discard(uid)
+                view.device_plugin_pods.pop(uid, None)
+                view.dra_pods.discard(uid)
                 touched.add(old_node)
             if ready and node_name and component in ADVERTISING_COMPONENTS:
                 self.pod_nodes[uid] = (node_name, component)
                 view = self.nodes.setdefault(node_name, NodeView())
-                (view.device_plugin_pods if component == COMPONENT_DEVICE_PLUGIN else view.dra_pods).add(uid)
+                if component == COMPONENT_DEVICE_PLUGIN:
+                    view.device_plugin_pods[uid] = pod
+                else:
+                    view.dra_pods.add(uid)
                 touched.add(node_name)
         for name in touched:
             self.work.put(name)
@@ -490,25 +514,47 @@ class Agent:
                 return
             node = view.obj
             pending = list(view.pending_pods.values())
-            want_dp = bool(view.device_plugin_pods)
+            dp_pods = list(view.device_plugin_pods.values())
             want_dra = bool(view.dra_pods)
+            was_dp = dict(view.device_plugin_resources)
         for pod in pending:
             self._start(pod, node)
-        raw_gpus = node["metadata"].get("annotations", {}).get(SIM_GPUS_ANNOTATION)
-        if raw_gpus is None:
+        gpu = _gpu_of(node)
+        if gpu is None:
             return  # not a GPU node: plugins find nothing to advertise
-        gpu = GpuSpec.from_json(raw_gpus)
-        if want_dp and want_dra and not (view.advertising_device_plugin and view.advertising_dra):
+        want_dp = self._device_plugin_resources(dp_pods, gpu, node)
+        if want_dp and want_dra and not (was_dp and view.advertising_dra):
             self._record_violation(name, view)
-        if want_dp or view.advertising_device_plugin:  # withdraw only what this agent advertised
-            self._set_capacity(name, node, gpu.count if want_dp else 0)
+        # withdraw only what this agent advertised: a resource no plugin serves any more drops to 0
+        self._set_capacity(name, node, {**{resource: 0 for resource in was_dp}, **want_dp})
         if want_dra and self.slice_version is not None:
             self._publish_slice(node, gpu)
         else:
             self._remove_slices(name)
         with self.lock:
-            view.advertising_device_plugin = want_dp
+            view.device_plugin_resources = want_dp
             view.advertising_dra = want_dra
+
+    def _device_plugin_resources(
+        self, pods: list[dict[str, Any]], gpu: GpuSpec, node: dict[str, Any]
+    ) -> dict[str, int]:
+        """What the Ready device-plugin pods register; where two register one name, the newer one wins
+        (kubelet keeps the last registration)."""
+        out: dict[str, int] = {}
+        for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+            uid = pod["metadata"]["uid"]
+            with self.lock:
+                known = uid in self.pod_configs
+                config = self.pod_configs.get(uid)
+            if not known:  # started before this agent did
+                config = self._device_plugin_config(pod)
+                with self.lock:
+                    self.pod_configs[uid] = config
+            try:
+                out.update(plugin_resources(pod, gpu, node, config))
+            except PluginExits as error:
+                log.info("plugin pod %s advertises nothing: %s", pod["metadata"]["name"], error)
+        return {resource: count for resource, count in out.items() if count > 0}
 
     # --- plugin pods ---------------------------------------------------------------------------
     def _device_plugin_config(self, pod: dict[str, Any]) -> Mapping[str, Any] | None:
@@ -528,7 +574,17 @@ class Agent:
     def _start(self, pod: dict[str, Any], node: dict[str, Any]) -> None:
         """Start a plugin pod as its release would: Running and Ready, or crash-looping."""
         meta = pod["metadata"]
-        verdict = verdict_of(pod, node, self._device_plugin_config(pod))
+        config = self._device_plugin_config(pod)
+        verdict = verdict_of(pod, node, config)
+        gpu = _gpu_of(node)
+        component = meta.get("labels", {}).get(COMPONENT_LABEL)
+        if verdict.ok and gpu is not None and component == COMPONENT_DEVICE_PLUGIN:
+            try:  # the plugin also exits where it cannot build its device map
+                plugin_resources(pod, gpu, node, config)
+            except PluginExits as error:
+                verdict = Verdict(False, str(error))
+        with self.lock:
+            self.pod_configs[meta["uid"]] = config
         now = _now()
         if verdict.ok:
             body = running_status(pod, now)
@@ -572,15 +628,20 @@ class Agent:
                     if uid in self.crashing:
                         self.crashing[uid] = (namespace, name, verdict, restarts + 1)
 
-    def _set_capacity(self, name: str, node: dict[str, Any], count: int) -> None:
+    def _set_capacity(self, name: str, node: dict[str, Any], counts: Mapping[str, int]) -> None:
+        """Kubelet's device manager: a registered resource's device count, 0 once its plugin is gone."""
         capacity = (node.get("status") or {}).get("capacity") or {}
-        current = capacity.get(GPU_RESOURCE)
-        if current is None and count == 0:
-            return  # never advertised: kubelet would not mention the resource at all
-        if current == str(count):
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        changes = {
+            resource: str(count)
+            for resource, count in counts.items()
+            # a resource never advertised is not mentioned at all
+            if not (count == 0 and resource not in capacity)
+            and (capacity.get(resource) != str(count) or allocatable.get(resource) != str(count))
+        }
+        if not changes:
             return
-        value = str(count)
-        body = {"status": {"capacity": {GPU_RESOURCE: value}, "allocatable": {GPU_RESOURCE: value}}}
+        body = {"status": {"capacity": changes, "allocatable": changes}}
         updated = self.core.patch_node_status(name, body)
         with self.lock:
             view = self.nodes.get(name)
