@@ -302,7 +302,8 @@ def not_serving(node: GpuNode, target: Placement, dra_driver: str) -> str | None
     expected = node.expected_gpus
     if target.mode is Mode.DEVICE_PLUGIN:
         if node.gpu_allocatable < expected:
-            return f"the node advertises {node.gpu_allocatable} of {expected} GPUs as nvidia.com/gpu"
+            # nvidia.com/gpu, its .shared replicas and MIG devices all count (constants.is_gpu_resource)
+            return f"the node advertises {node.gpu_allocatable} of {expected} GPU devices"
     elif node.dra_devices(dra_driver) < expected:
         return f"ResourceSlices of {dra_driver} list {node.dra_devices(dra_driver)} of {expected} GPUs"
     return None
