@@ -9,11 +9,13 @@ import pytest
 import yaml
 
 from gpuforge.compat.conformance import Verdict
+from gpuforge_lab.devcluster.pools import GpuSpec
 from gpuforge_lab.sim.agent import (
     config_file,
     crash_status,
     left_to_kwok,
     node_runtime,
+    plugin_resources,
     release_of,
     running_status,
     verdict_of,
@@ -115,3 +117,44 @@ def test_a_compute_domains_container_without_node_name_crash_loops_the_pod() -> 
     container = next(c for c in pod["spec"]["containers"] if c["name"] == "compute-domains")
     container["env"] = [e for e in container["env"] if e["name"] != "NODE_NAME"]
     assert verdict_of(pod, node, None) == Verdict(False, 'Required flag "node-name" not set')
+
+
+MIG_NODE = {"metadata": {"labels": {"sim.gpuforge.io/mig-enabled": "true"}}}
+PLAIN_NODE: dict[str, Any] = {"metadata": {"labels": {}}}
+
+
+@pytest.mark.parametrize(
+    ("node", "env", "config", "expected"),
+    [
+        (PLAIN_NODE, [], None, {"nvidia.com/gpu": 8}),
+        # the config file's flags.migStrategy, unless MIG_STRATEGY overrides it
+        (MIG_NODE, [], {"flags": {"migStrategy": "mixed"}}, {"nvidia.com/mig-1g.10gb": 56}),
+        (
+            MIG_NODE,
+            [{"name": "MIG_STRATEGY", "value": "single"}],
+            {"flags": {"migStrategy": "mixed"}},
+            {"nvidia.com/gpu": 56},
+        ),
+        # a node not in MIG mode has no MIG devices to name
+        (PLAIN_NODE, [{"name": "MIG_STRATEGY", "value": "mixed"}], None, {"nvidia.com/gpu": 8}),
+        (
+            PLAIN_NODE,
+            [],
+            {
+                "sharing": {
+                    "timeSlicing": {
+                        "renameByDefault": True,
+                        "resources": [{"name": "nvidia.com/gpu", "replicas": 4}],
+                    }
+                }
+            },
+            {"nvidia.com/gpu.shared": 32},
+        ),
+    ],
+)
+def test_a_device_plugin_pod_advertises_for_its_node_and_config(
+    node: dict[str, Any], env: list[dict[str, str]], config: Any, expected: dict[str, int]
+) -> None:
+    pod = _pod({"gpuforge.io/component": "device-plugin"})
+    pod["spec"]["containers"][0]["env"] += env
+    assert plugin_resources(pod, GpuSpec(), node, config) == expected

@@ -442,6 +442,9 @@ class Agent:
                         view.pending_pods.clear()
                     self.pod_nodes.clear()
                     self.pending_nodes.clear()
+                    # configs of pods deleted while the watch was down are dropped
+                    listed = {item.metadata.uid for item in listing.items}
+                    self.pod_configs = {u: c for u, c in self.pod_configs.items() if u in listed}
                 for item in listing.items:
                     self._on_pod(self._serialize(item), deleted=False)
                 for name in list(self.nodes):
