@@ -10,7 +10,7 @@ device class. gpuforge adds per-model keys (`requests.nvidia.com/gpu.<model>` fr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Final
@@ -239,21 +239,27 @@ def pod_usage(
                 per_pod[f"{generic}.{gpu_model}"] = per_pod[generic]
     refs = claim_refs(pod_spec)
     shared: dict[str, Decimal] = {}
-    for name in sorted(refs.templates):
-        template = catalog.templates.get(name)
-        if template is None:
-            if strict_claims:
-                raise WorkloadError(f"{field}.resourceClaims: ResourceClaimTemplate {name!r} not found")
-            continue
+    for template in _catalogued(
+        refs.templates, catalog.templates, "ResourceClaimTemplate", field, strict_claims
+    ):
         add(per_pod, template)
-    for name in sorted(refs.claims):
-        claim = catalog.claims.get(name)
-        if claim is None:
-            if strict_claims:
-                raise WorkloadError(f"{field}.resourceClaims: ResourceClaim {name!r} not found")
-            continue
+    for claim in _catalogued(refs.claims, catalog.claims, "ResourceClaim", field, strict_claims):
         add(shared, claim)
     return per_pod, shared
+
+
+def _catalogued(
+    names: Iterable[str], known: Mapping[str, ResourceList], kind: str, field: str, strict: bool
+) -> Iterator[ResourceList]:
+    """The usage of each named claim or template in name order; one not in the catalog is an error when
+    `strict`, else skipped (it may not have been read yet)."""
+    for name in sorted(names):
+        usage = known.get(name)
+        if usage is None:
+            if strict:
+                raise WorkloadError(f"{field}.resourceClaims: {kind} {name!r} not found")
+            continue
+        yield usage
 
 
 @dataclass(frozen=True)
