@@ -19,63 +19,28 @@ from dataclasses import dataclass
 RESOURCE_GROUP = "resource.k8s.io"
 ALL_DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
-# DRA gates per release, as (gate, default in that release). Only gates the pinned 1.36 build knows.
+# DRA gates, each with the first release it was on by default in (None: off by default in every release
+# before the pinned one). Only gates the pinned 1.36 build knows.
 # Locked in 1.36 (cannot be set): DynamicResourceAllocation (true), DRAAdminAccess (true).
-_GATES_BY_MINOR: dict[int, dict[str, bool]] = {
-    32: {
-        "DRAPrioritizedList": False,
-        "DRAResourceClaimDeviceStatus": False,
-        "DRADeviceTaints": False,
-        "DRAPartitionableDevices": False,
-        "DRAConsumableCapacity": False,
-        "DRAExtendedResource": False,
-        "DRADeviceBindingConditions": False,
-        "DRASchedulerFilterTimeout": False,
-        "DRAResourceClaimGranularStatusAuthorization": False,
-        "ResourceHealthStatus": False,
-        "ResourceHealthStatusMessage": False,
-    },
-    33: {
-        "DRAPrioritizedList": False,
-        "DRAResourceClaimDeviceStatus": True,
-        "DRADeviceTaints": False,
-        "DRAPartitionableDevices": False,
-        "DRAConsumableCapacity": False,
-        "DRAExtendedResource": False,
-        "DRADeviceBindingConditions": False,
-        "DRASchedulerFilterTimeout": False,
-        "DRAResourceClaimGranularStatusAuthorization": False,
-        "ResourceHealthStatus": False,
-        "ResourceHealthStatusMessage": False,
-    },
-    34: {
-        "DRAPrioritizedList": True,
-        "DRAResourceClaimDeviceStatus": True,
-        "DRADeviceTaints": False,
-        "DRAPartitionableDevices": False,
-        "DRAConsumableCapacity": False,
-        "DRAExtendedResource": False,
-        "DRADeviceBindingConditions": False,
-        "DRASchedulerFilterTimeout": True,
-        "DRAResourceClaimGranularStatusAuthorization": False,
-        "ResourceHealthStatus": False,
-        "ResourceHealthStatusMessage": False,
-    },
-    35: {
-        "DRAPrioritizedList": True,
-        "DRAResourceClaimDeviceStatus": True,
-        "DRADeviceTaints": False,
-        "DRAPartitionableDevices": False,
-        "DRAConsumableCapacity": False,
-        "DRAExtendedResource": False,
-        "DRADeviceBindingConditions": False,
-        "DRASchedulerFilterTimeout": True,
-        "DRAResourceClaimGranularStatusAuthorization": False,
-        "ResourceHealthStatus": False,
-        "ResourceHealthStatusMessage": False,
-    },
-    36: {},  # the pinned release's own defaults
+_DEFAULT_ON_SINCE: dict[str, int | None] = {
+    "DRAPrioritizedList": 34,
+    "DRAResourceClaimDeviceStatus": 33,
+    "DRADeviceTaints": None,
+    "DRAPartitionableDevices": None,
+    "DRAConsumableCapacity": None,
+    "DRAExtendedResource": None,
+    "DRADeviceBindingConditions": None,
+    "DRASchedulerFilterTimeout": 34,
+    "DRAResourceClaimGranularStatusAuthorization": None,
+    "ResourceHealthStatus": None,
+    "ResourceHealthStatusMessage": None,
 }
+_PINNED_MINOR = 36
+# DRA gates per release, as (gate, default in that release); the pinned release keeps its own defaults.
+_GATES_BY_MINOR: dict[int, dict[str, bool]] = {
+    minor: {gate: since is not None and minor >= since for gate, since in _DEFAULT_ON_SINCE.items()}
+    for minor in range(32, _PINNED_MINOR)
+} | {_PINNED_MINOR: {}}
 # Gates that differ from the real release but cannot be changed in the pinned build (locked to GA).
 _LOCKED: dict[int, tuple[str, ...]] = {
     32: (
