@@ -36,6 +36,12 @@ from gpuforge.upgrade.model import (
 )
 
 OUTPUTS = click.Choice(["table", "json", "yaml"])
+# Options `status` and `plan` both take.
+_output_option = click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
+_kubeconfig_option = click.option(
+    "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config)."
+)
+
 _STATE_STYLE = {
     NodeState.UPGRADE_DONE: "green",
     NodeState.UPGRADE_FAILED: "bold red",
@@ -243,10 +249,8 @@ def desired_from_stack(stack: Mapping[str, Any], selected: Sequence[str]) -> Des
 
 @click.command()
 @click.option("--stack", "stack_name", help="Only the nodes of this GpuStack.")
-@click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
-@click.option(
-    "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config)."
-)
+@_output_option
+@_kubeconfig_option
 def status(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     """Per-node table: pool, mode, version, upgrade state and since when."""
     snapshot, _, _ = _read(kubeconfig, stack_name)
@@ -275,10 +279,8 @@ def status(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
 
 @click.command()
 @click.option("--stack", "stack_name", help="The GpuStack to plan for (default: the only one).")
-@click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
-@click.option(
-    "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config)."
-)
+@_output_option
+@_kubeconfig_option
 def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     """What the upgrade engine would do next, in order, without doing it."""
     from gpuforge.upgrade.convert import PolicyError, policy_from_spec
