@@ -704,6 +704,18 @@ def _bucket_share(
     return buckets.get(bound, 0.0) / total if total else 0.0
 
 
+def pooled_p99_ratio(
+    pooled: dict[str, list[float]], arm: str, target: float | None, what: str, concurrency: int
+) -> dict[str, Any]:
+    """The e2e p99 of `arm` over all rounds, as a multiple of the p99 with no webhook."""
+    return result(
+        f"e2e p99 {arm} / no webhook, {what}, {ROUNDS} rounds pooled, c={concurrency}",
+        percentile(pooled[arm], 0.99) / percentile(pooled[NONE], 0.99),
+        "x",
+        target,
+    )
+
+
 def contended_results(
     results: list[dict[str, Any]],
     concurrency: int,
@@ -738,14 +750,7 @@ def contended_results(
             results, f"e2e create, {what}, {arm}, {ROUNDS} rounds pooled, c={concurrency}", latencies
         )
     for arm, target in ((OURS, 2.0), (FLOOR, None)):
-        results.append(
-            result(
-                f"e2e p99 {arm} / no webhook, {what}, {ROUNDS} rounds pooled, c={concurrency}",
-                percentile(pooled[arm], 0.99) / percentile(pooled[NONE], 0.99),
-                "x",
-                target,
-            )
-        )
+        results.append(pooled_p99_ratio(pooled, arm, target, what, concurrency))
     over = sum(
         max(0, admitted - CONTENDED_HARD) + max(0, used - CONTENDED_HARD) for admitted, used in outcomes
     )
@@ -870,14 +875,7 @@ def rounds_results(
     for arm, latencies in pooled.items():
         latency_results(results, f"e2e create, {what}, {arm}, c={concurrency}", latencies)
     for arm, target in ((OURS, 2.0), (FLOOR, None)):
-        results.append(
-            result(
-                f"e2e p99 {arm} / no webhook, {what}, {ROUNDS} rounds pooled, c={concurrency}",
-                percentile(pooled[arm], 0.99) / percentile(pooled[NONE], 0.99),
-                "x",
-                target,
-            )
-        )
+        results.append(pooled_p99_ratio(pooled, arm, target, what, concurrency))
         per_round = sorted(
             percentile(mine, 0.99) / percentile(plain, 0.99)
             for mine, plain in zip(samples[arm], samples[NONE], strict=True)
