@@ -91,6 +91,17 @@ def service_dns_names(service: str, namespace: str) -> list[str]:
     ]
 
 
+def subject_alt_names(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
+    """The SAN extension naming `hosts`: an IP address entry for each address, a DNS name for the rest."""
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(names)
+
+
 def issue_serving_cert(
     ca: KeyPair,
     hosts: Sequence[str],
@@ -105,12 +116,6 @@ def issue_serving_cert(
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the CA key must be an EC key")
     key = _new_key()
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
@@ -120,7 +125,7 @@ def issue_serving_cert(
         .not_valid_before(now - NOT_BEFORE_SKEW)
         .not_valid_after(min(now + validity, ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(subject_alt_names(hosts), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpuforge.render.certs import subject_alt_names
 
 VALIDITY = dt.timedelta(days=365)
 # Service IP of `kubernetes.default` inside the simulated cluster's service CIDR (10.96.0.0/16).
@@ -86,13 +87,7 @@ def _issue(
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
         builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     if server_names:
-        sans: list[x509.GeneralName] = []
-        for name in server_names:
-            try:
-                sans.append(x509.IPAddress(ipaddress.ip_address(name)))
-            except ValueError:
-                sans.append(x509.DNSName(name))
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        builder = builder.add_extension(subject_alt_names(server_names), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
