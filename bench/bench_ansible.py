@@ -29,8 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+from report import Result, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "tests/ansible/lab.py"
@@ -38,16 +40,6 @@ CALLBACKS = ROOT / "tests/ansible/callback_plugins"
 BIN = Path(sys.executable).parent
 HARDWARE = ("h100:8,nvswitch:4", "a100:2", "l40s:4", "l4:1", "t4:1")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-@dataclass
-class Result:
-    name: str
-    value: float
-    unit: str
-    target: str | None = None
-    ok: bool | None = None
-    note: str | None = None
 
 
 @dataclass
@@ -314,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         Result("ansible_loadavg_at_start", round(load_before, 1), "load"),
         Result("ansible_loadavg_at_end", round(load_after, 1), "load"),
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    write_results(args.out, results)
     for r in results:
         print(f"{r.name:52} {r.value:>8} {r.unit:6} {r.target or '':20} {'' if r.ok is None else r.ok}")
     print()

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -33,20 +32,12 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "tests/ansible/day2"))
 
 import cluster  # noqa: E402  (tests/ansible/day2/cluster.py)
+from report import Result, write_results  # noqa: E402
 
 NODES = 2
 LAB_NAME = "bench-day2"
 TARGET_OVERHEAD_S = 20.0
 DRIVER_ROLE = "/roles/nvidia_driver/"  # task paths (tasks and handlers) of the driver role
-
-
-@dataclass
-class Result:
-    name: str
-    value: float
-    unit: str
-    target: str | None = None
-    ok: bool | None = None
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -183,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             ok=overhead < TARGET_OVERHEAD_S,
         ),
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps([asdict(result) for result in results], indent=2) + "\n")
+    write_results(args.out, results)
     for result in results:
         print(f"{result.name:28} {result.value:8.1f} {result.unit}  {result.target or ''}")
     print(f"slowest tasks outside the driver role ({NODES} nodes):")

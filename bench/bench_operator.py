@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import ROOT, install_crd, operator, peak_rss_mib
+from report import write_rows
 
 from gpuforge_lab.devcluster.cluster import DevCluster
 from gpuforge_lab.devcluster.pools import uniform_pools
@@ -146,8 +147,7 @@ def main() -> None:
             "unit": "requests",
         },
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    write_rows(args.out, rows)
     for row in rows:
         print(f"{row['name']}: {row['value']} {row['unit']}")
 

@@ -13,7 +13,6 @@ Usage: python bench/bench_planner.py --out bench/results/planner.json
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from gpuforge.constants import COMPONENT_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, GFD_
 from gpuforge.upgrade import plan
 from gpuforge.upgrade.convert import snapshot_from_objects
 from gpuforge.upgrade.model import Desired, IntOrPercent, Mode, NodeState, PodRef, Policy
+from report import write_rows
 from upgrade_world import SimPod, World, settled_node
 
 NODES = 1000
@@ -182,8 +182,7 @@ def main() -> None:
     record("planner: CPU per batch of 100 nodes (1000-node migration, 10%)", per_batch_ms, "ms", 2000)
     record("planner: planning rounds per batch", rounds / batches, "rounds")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_rows(args.out, results)
     for entry in results:
         ok = "" if "ok" not in entry else ("  ok" if entry["ok"] else "  SLOW")
         print(f"{entry['name']:<70} {entry['value']:>10} {entry['unit']}{ok}")

@@ -55,6 +55,7 @@ import aiohttp
 from gpuforge_lab.devcluster.cluster import free_ports
 from gpuforge.k8s.transport import ApiTransport
 from gpuforge_lab.workloads import gpu_deployment
+from report import write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 FLOORHOOK = REPO / "bench" / "floorhook"
@@ -1012,7 +1013,7 @@ def main() -> None:
                 results = asyncio.run(bench(cluster.kubeconfig, work))
             finally:
                 cluster.down()
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_rows(args.out, results)
     for item in results:
         mark = "" if "ok" not in item else ("  ok" if item["ok"] else "  MISSED")
         print(f"{item['name']:<55} {item['value']:>10} {item['unit']}{mark}")

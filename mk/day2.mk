@@ -6,7 +6,7 @@ DAY2_YAML_PATHS := roles/driver_upgrade playbooks/upgrade-driver.yml tests/ansib
 DAY2_LINT_PATHS := roles/driver_upgrade playbooks/upgrade-driver.yml tests/ansible/day2 \
                    $(wildcard molecule/driver-upgrade/*.yml molecule/driver-upgrade/tasks/*.yml \
                               molecule/driver-upgrade/vars/*.yml) plugins/modules/gpu_pod_eviction.py
-DAY2_PYTHON := tests/ansible/day2/cluster.py bench/bench_day2.py plugins/modules/gpu_pod_eviction.py
+DAY2_PYTHON := tests/ansible/day2/cluster.py bench/bench_day2.py bench/report.py plugins/modules/gpu_pod_eviction.py
 
 .PHONY: lint-day2 molecule-day2 test-day2 bench-day2
 
