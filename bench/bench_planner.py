@@ -28,7 +28,7 @@ from gpuforge.constants import COMPONENT_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, GFD_
 from gpuforge.upgrade import plan
 from gpuforge.upgrade.convert import snapshot_from_objects
 from gpuforge.upgrade.model import Desired, IntOrPercent, Mode, NodeState, PodRef, Policy
-from report import write_rows
+from report import print_rows, write_rows
 from upgrade_world import SimPod, World, settled_node
 
 NODES = 1000
@@ -183,9 +183,7 @@ def main() -> None:
     record("planner: planning rounds per batch", rounds / batches, "rounds")
 
     write_rows(args.out, results)
-    for entry in results:
-        ok = "" if "ok" not in entry else ("  ok" if entry["ok"] else "  SLOW")
-        print(f"{entry['name']:<70} {entry['value']:>10} {entry['unit']}{ok}")
+    print_rows(results, 70, "SLOW")
 
 
 if __name__ == "__main__":

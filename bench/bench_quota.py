@@ -55,7 +55,7 @@ import aiohttp
 from gpuforge_lab.devcluster.cluster import free_ports
 from gpuforge.k8s.transport import ApiTransport
 from gpuforge_lab.workloads import gpu_deployment
-from report import write_rows
+from report import print_rows, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 FLOORHOOK = REPO / "bench" / "floorhook"
@@ -1014,9 +1014,7 @@ def main() -> None:
             finally:
                 cluster.down()
     write_rows(args.out, results)
-    for item in results:
-        mark = "" if "ok" not in item else ("  ok" if item["ok"] else "  MISSED")
-        print(f"{item['name']:<55} {item['value']:>10} {item['unit']}{mark}")
+    print_rows(results, 55, "MISSED")
 
 
 if __name__ == "__main__":

@@ -27,5 +27,12 @@ def write_rows(out: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     out.write_text(json.dumps(list(rows), indent=2) + "\n")
 
 
+def print_rows(rows: Sequence[Mapping[str, Any]], name_width: int, missed: str) -> None:
+    """One line a row; a row with a target ends in "ok" or `missed`."""
+    for row in rows:
+        mark = "" if "ok" not in row else ("  ok" if row["ok"] else f"  {missed}")
+        print(f"{row['name']:<{name_width}} {row['value']:>10} {row['unit']}{mark}")
+
+
 def write_results(out: Path, results: Sequence[Result]) -> None:
     write_rows(out, [asdict(result) for result in results])
