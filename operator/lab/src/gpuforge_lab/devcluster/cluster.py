@@ -397,10 +397,7 @@ class DevCluster:
             return [
                 str(binaries.path("beta/kube-controller-manager" if older else "kube-controller-manager")),
                 f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports['kcm']}",
+                *_secure_serving(kubeconfig, ports["kcm"]),
                 f"--service-account-private-key-file={pki_dir / 'sa.key'}",
                 f"--root-ca-file={pki_dir / 'ca.crt'}",
                 f"--cluster-signing-cert-file={pki_dir / 'ca.crt'}",
@@ -424,10 +421,7 @@ class DevCluster:
             return [
                 str(binaries.path("beta/kube-scheduler" if older else "kube-scheduler")),
                 f"--config={self.state_dir / 'scheduler.yaml'}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports['scheduler']}",
+                *_secure_serving(kubeconfig, ports["scheduler"]),
                 *([f"--feature-gates={component_gates}"] if component_gates else []),
                 "--v=1",
             ]
@@ -702,6 +696,17 @@ class DevCluster:
         except OSError:
             return []
         return [json.loads(line) for line in lines if line.strip()]
+
+
+def _secure_serving(kubeconfig: Path, port: int) -> list[str]:
+    """Flags of a component serving its health on loopback, delegating authentication and authorization
+    to the API server with its own kubeconfig (controller-manager and scheduler alike)."""
+    return [
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+    ]
 
 
 def _node_ready(node: Any) -> bool:
