@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -152,16 +152,27 @@ def _probe(data: Mapping[str, Any] | None) -> Probe | None:
     return Probe(int(data["periodSeconds"]), int(data["failureThreshold"]), int(data["timeoutSeconds"]))
 
 
+def _release(
+    component: str, version: str, entry: Mapping[str, Any], errors: Mapping[str, str]
+) -> OperandRelease:
+    """A release with what every component's contract entry gives (its flags and how they are set) and
+    none of the capabilities; `replace` adds those an entry has."""
+    return OperandRelease(
+        component=component,
+        version=version,
+        required_flags=tuple(entry["requiredFlags"]),
+        flag_env=dict(entry["flagEnv"]),
+        errors=errors,
+    )
+
+
 def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) -> OperandContract:
     errors = dict(data["errors"])
     releases: dict[tuple[str, str], OperandRelease] = {}
     dp = data["devicePlugin"]["default"]
     for version in device_plugin_versions:
-        releases[(DEVICE_PLUGIN, version)] = OperandRelease(
-            component=DEVICE_PLUGIN,
-            version=version,
-            required_flags=tuple(dp["requiredFlags"]),
-            flag_env=dict(dp["flagEnv"]),
+        releases[(DEVICE_PLUGIN, version)] = replace(
+            _release(DEVICE_PLUGIN, version, dp, errors),
             health_port=dp["healthPort"],
             needs_nvml=bool(dp["needsNvml"]),
             min_time_slicing_replicas=dp["minTimeSlicingReplicas"],
@@ -169,7 +180,6 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             mig_env=dict(dp["migEnv"]),
             checkpoint_format=dp["checkpointFormat"],
             advertises=tuple(dp["advertises"]),
-            errors=errors,
             config_versions=tuple(dp["configVersions"]),
             openshift_scc=dp.get("openshiftScc"),
         )
@@ -179,38 +189,24 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
         version = entry["version"]
         plugin, controller = entry["kubeletPlugin"], entry["controller"]
         has_health = plugin["healthPort"] is not None
-        releases[(DRA_KUBELET_PLUGIN, version)] = OperandRelease(
-            component=DRA_KUBELET_PLUGIN,
-            version=version,
-            required_flags=tuple(plugin["requiredFlags"]),
-            flag_env=dict(plugin["flagEnv"]),
+        releases[(DRA_KUBELET_PLUGIN, version)] = replace(
+            _release(DRA_KUBELET_PLUGIN, version, plugin, errors),
             health_port=plugin["healthPort"],
             needs_nvml=True,
             checkpoint_format=plugin["checkpointFormat"],
             forward_only=bool(plugin.get("forwardOnly", False)),
-            errors=errors,
             startup_probe=_probe(probes["startup"]) if has_health else None,
             liveness_probe=_probe(probes["liveness"]) if has_health else None,
             nvml_from_driver_root=bool(plugin.get("nvmlFromDriverRoot", False)),
         )
-        releases[(DRA_CONTROLLER, version)] = OperandRelease(
-            component=DRA_CONTROLLER,
-            version=version,
-            required_flags=tuple(controller["requiredFlags"]),
-            flag_env=dict(controller["flagEnv"]),
-            errors=errors,
-        )
+        releases[(DRA_CONTROLLER, version)] = _release(DRA_CONTROLLER, version, controller, errors)
     for entry in data["computeDomains"]:
         plugin, rbac, scc = entry["plugin"], entry["rbac"], entry["openshiftScc"]
         for version in entry["releases"]:
-            releases[(DRA_COMPUTE_DOMAIN_PLUGIN, version)] = OperandRelease(
-                component=DRA_COMPUTE_DOMAIN_PLUGIN,
-                version=version,
-                required_flags=tuple(plugin["requiredFlags"]),
-                flag_env=dict(plugin["flagEnv"]),
+            releases[(DRA_COMPUTE_DOMAIN_PLUGIN, version)] = replace(
+                _release(DRA_COMPUTE_DOMAIN_PLUGIN, version, plugin, errors),
                 health_port=plugin["healthPort"],
                 needs_nvml=True,
-                errors=errors,
                 startup_probe=_probe(plugin.get("startupProbe")),
                 liveness_probe=_probe(plugin.get("livenessProbe")),
                 nvml_from_driver_root=True,
