@@ -108,3 +108,84 @@ def matching_files(files, uris, arch, exclude=()):
             }
         )
     return results
+
+
+def _suite_of_release(suite, codename):
+    return suite == codename or suite.startswith(codename + "-")
+
+
+def _merged(present, wanted):
+    return present + [component for component in wanted if component not in present]
+
+
+def _deb822_with_components(text, codename, wanted):
+    # Stanzas keep their separators, so everything but the changed Components lines stays byte for byte.
+    parts = re.split(r"(\n[ \t]*\n)", text)
+    for index in range(0, len(parts), 2):
+        lines = parts[index].split("\n")
+        fields = {}
+        for number, raw in enumerate(lines):
+            if raw.startswith("#") or raw[:1] in (" ", "\t"):
+                continue
+            key, sep, value = raw.partition(":")
+            if sep:
+                fields[key.strip().lower()] = (number, value.split())
+        suites = fields.get("suites", (0, []))[1]
+        if "components" not in fields or "enabled" in fields and fields["enabled"][1] == ["no"]:
+            continue
+        number, present = fields["components"]
+        if "main" in present and any(_suite_of_release(suite, codename) for suite in suites):
+            lines[number] = "Components: " + " ".join(_merged(present, wanted))
+        parts[index] = "\n".join(lines)
+    return "".join(parts)
+
+
+def _one_line_with_components(text, codename, wanted):
+    lines = text.split("\n")
+    for number, raw in enumerate(lines):
+        body, hash_sign, comment = raw.partition("#")
+        words = body.split()
+        if not words or words[0] not in ("deb", "deb-src"):
+            continue
+        start = 1
+        if words[1:] and words[1].startswith("["):
+            while start < len(words) and not words[start].endswith("]"):
+                start += 1
+            start += 1
+        # deb [options] URI suite component...
+        if len(words) < start + 3 or not _suite_of_release(words[start + 1], codename):
+            continue
+        components = words[start + 2 :]
+        if "main" not in components:
+            continue
+        line = " ".join(words[: start + 2] + _merged(components, wanted))
+        lines[number] = line + (" " + hash_sign + comment if hash_sign else "")
+    return "\n".join(lines)
+
+
+def with_components(path, text, codename, wanted):
+    """The file's text with `wanted` components added to each entry of the release `codename`.
+
+    An entry of the release lists one of its suites (bookworm, bookworm-updates, bookworm-security,
+    bookworm-backports ...) and the component main, whatever the mirror: that is Debian's own archive. Entries
+    of other releases or repositories, comments and disabled stanzas stay as they are; a file that already has
+    the components comes back unchanged.
+    """
+    if path.endswith(".sources"):
+        return _deb822_with_components(text, codename, wanted)
+    return _one_line_with_components(text, codename, wanted)
+
+
+def component_edits(files, paths, codename, wanted):
+    """Of `files` (path -> stat record with content, as node_state returns them): the new text of each of
+    `paths` that exists and lacks a wanted component on an entry of the release."""
+    edits = {}
+    for path in paths:
+        record = files.get(path) or {}
+        text = record.get("content")
+        if not record.get("exists") or text is None:
+            continue
+        new = with_components(path, text, codename, wanted)
+        if new != text:
+            edits[path] = new
+    return edits
