@@ -7,7 +7,7 @@ ANSIBLE_LAB := $(BIN)/python tests/ansible/lab.py
 ANSIBLE_PYTHON := tests/ansible/lab.py tests/ansible/imitation_repo.py tests/ansible/nvidia_packages.py tests/ansible/real_ctk.py tests/ansible/check_argspecs.py \
                   tests/ansible/unit bench/bench_ansible.py bench/report.py
 ANSIBLE_YAML_PATHS := galaxy.yml meta changelogs requirements.yml roles playbooks inventory molecule .yamllint .ansible-lint
-MOLECULE_SCENARIOS ?= default fleet branch-upgrade unsupported-os secure-boot brownfield
+MOLECULE_SCENARIOS ?= default fleet branch-upgrade unsupported-os secure-boot brownfield distro
 ANSIBLE_COLLECTION_LINK := collections/ansible_collections/gpuforge/nodes
 
 .PHONY: ansible-deps ansible-collection ansible-host-image lint-ansible test-ansible bench-ansible \

@@ -168,6 +168,8 @@ class HostSpec:
     nvswitches: int = 0
     secure_boot: bool = False
     os: str = DEFAULT_OS
+    # Debian's real archive (its scenario writes the sources) instead of the imitation's kernel headers.
+    debian_archive: bool = False
 
     @classmethod
     def parse(cls, text: str) -> HostSpec:
@@ -177,6 +179,8 @@ class HostSpec:
             key, _, count = item.partition(":")
             if key == "secure-boot":
                 host.secure_boot = True
+            elif key == "debian-archive":
+                host.debian_archive = True
             elif key == "os" and count in SUITES:
                 host.os = count
             elif key == "nvswitch":
@@ -333,6 +337,17 @@ def run_systemd_host(
     )
 
 
+def debian_archive_cache(os_name: str) -> Path:
+    """apt's download directory for hosts on Debian's real archive, kept across labs.
+
+    apt names each .deb by package, version and architecture and checks it against the index's hash before
+    using it, so a rerun downloads only versions it has not seen (the driver set is hundreds of MB).
+    """
+    archives = cache_dir() / "debian-archive" / SUITES[os_name]
+    (archives / "partial").mkdir(parents=True, exist_ok=True)
+    return archives
+
+
 def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
     container = f"{LAB_PREFIX}gpuforge-lab-{lab}-{spec.name}"
     hardware = state / "hw" / spec.name
@@ -341,19 +356,16 @@ def _start_host(lab: str, state: Path, spec: HostSpec, image: str) -> LabHost:
     sshd = state / "sshd" / f"{spec.name}.conf"
     sshd.parent.mkdir(exist_ok=True)
     sshd.write_text(f"Port {port}\nListenAddress 127.0.0.1\n")
-    run_systemd_host(
-        container,
-        spec.name,
-        {LAB_LABEL: f"{LAB_PREFIX}{lab}"},
-        image,
-        hardware,
-        [
-            f"{sshd}:/etc/ssh/sshd_config.d/20-lab-port.conf:ro",
-            # The host's own distribution archive: here only the kernel headers of the running kernel.
-            f"{state}/distro.sources:/etc/apt/sources.list.d/debian-lab.sources:ro",
-            f"{state}/ssh/id_ed25519.pub:/root/.ssh/authorized_keys:ro",
-        ],
-    )
+    volumes = [
+        f"{sshd}:/etc/ssh/sshd_config.d/20-lab-port.conf:ro",
+        f"{state}/ssh/id_ed25519.pub:/root/.ssh/authorized_keys:ro",
+    ]
+    if spec.debian_archive:
+        volumes.append(f"{debian_archive_cache(spec.os)}:/var/cache/apt/archives")
+    else:
+        # The host's own distribution archive: here only the kernel headers of the running kernel.
+        volumes.append(f"{state}/distro.sources:/etc/apt/sources.list.d/debian-lab.sources:ro")
+    run_systemd_host(container, spec.name, {LAB_LABEL: f"{LAB_PREFIX}{lab}"}, image, hardware, volumes)
     return LabHost(spec.name, container, "127.0.0.1", port, "root", str(state / "ssh/id_ed25519"))
 
 
