@@ -4,7 +4,7 @@
 
 ANSIBLE_DEPS := podman runc debootstrap dpkg-dev apt-utils gnupg zstd uidmap openssh-client openssl
 ANSIBLE_LAB := $(BIN)/python tests/ansible/lab.py
-ANSIBLE_PYTHON := tests/ansible/lab.py tests/ansible/imitation_repo.py tests/ansible/nvidia_packages.py tests/ansible/real_ctk.py tests/ansible/check_argspecs.py \
+ANSIBLE_PYTHON := tests/ansible/lab.py tests/ansible/imitation_repo.py tests/ansible/nvidia_packages.py tests/ansible/real_ctk.py tests/ansible/real_nfd.py tests/ansible/check_argspecs.py \
                   tests/ansible/unit bench/bench_ansible.py bench/report.py
 ANSIBLE_YAML_PATHS := galaxy.yml meta changelogs requirements.yml roles playbooks inventory molecule .yamllint .ansible-lint
 MOLECULE_SCENARIOS ?= default fleet branch-upgrade unsupported-os secure-boot brownfield distro
