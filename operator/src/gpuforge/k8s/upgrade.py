@@ -683,6 +683,11 @@ def failures(plan: Plan, snapshot: Snapshot) -> dict[str, str]:
     }
 
 
+def _named_nodes(head: dict[str, str], nodes: Sequence[str], message: str, limit: int) -> dict[str, Any]:
+    """A hold, refusal or forward-only move in the status: its first `limit` nodes and how many there are."""
+    return {**head, "nodes": list(nodes[:limit]), "nodeCount": len(nodes), "message": message}
+
+
 def upgrade_status(plan: Plan, failed: Mapping[str, str], limit: int = 20) -> dict[str, Any]:
     """GpuStack `status.upgrade` as a merge patch: counts per state (absent states null), failing nodes,
     holds and refusals with their nodes (the first `limit` names; `nodeCount` says how many)."""
@@ -692,32 +697,12 @@ def upgrade_status(plan: Plan, failed: Mapping[str, str], limit: int = 20) -> di
         "complete": plan.complete,
         "nodes": {state.value: counts.get(state) or None for state in NodeState},
         "failed": [{"node": name, "reason": reason} for name, reason in sorted(failed.items())[:limit]],
-        "holds": [
-            {
-                "reason": h.reason.value,
-                "nodes": list(h.nodes[:limit]),
-                "nodeCount": len(h.nodes),
-                "message": h.message,
-            }
-            for h in plan.holds
-        ],
+        "holds": [_named_nodes({"reason": h.reason.value}, h.nodes, h.message, limit) for h in plan.holds],
         "refusals": [
-            {
-                "reason": r.reason.value,
-                "nodes": list(r.nodes[:limit]),
-                "nodeCount": len(r.nodes),
-                "message": r.message,
-            }
-            for r in plan.refusals
+            _named_nodes({"reason": r.reason.value}, r.nodes, r.message, limit) for r in plan.refusals
         ],
         "forwardOnly": [
-            {
-                "from": f.origin,
-                "nodes": list(f.nodes[:limit]),
-                "nodeCount": len(f.nodes),
-                "message": f.message,
-            }
-            for f in plan.forward_only
+            _named_nodes({"from": f.origin}, f.nodes, f.message, limit) for f in plan.forward_only
         ],
     }
 
