@@ -314,8 +314,12 @@ def test_webhook_in_the_image_enforces_the_quota_tree(
                 ),
                 timeout=60,
             )
-            within = gpu_deployment("within", "research-vision", gpus=2, replicas=1, requests={"cpu": "100m"})
-            beyond = gpu_deployment("beyond", "research-vision", gpus=8, replicas=2, requests={"cpu": "100m"})
+            within = gpu_deployment(
+                "within", "research-vision", gpus=2, replicas=1, requests={"cpu": "100m", "memory": "1Gi"}
+            )
+            beyond = gpu_deployment(
+                "beyond", "research-vision", gpus=8, replicas=2, requests={"cpu": "100m", "memory": "1Gi"}
+            )
             # The tree's research quotas admit namespaces default and ml only; the test's own namespace
             # may charge none of them.
             stray = cluster.kubectl(
