@@ -10,9 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuforge.compat.operands import DRIVER_ROOT_MOUNT, OperandRelease
+from gpuforge.compat.operands import DRIVER_ROOT_MOUNT, FEATURE_GATES_FLAG, OperandRelease
 
 MIG_STRATEGY_NONE = "none"
+# The `type` attribute of the devices gpu-kubelet-plugin publishes (cmd/gpu-kubelet-plugin/types.go).
+DEVICE_TYPE_GPU = "gpu"
+DEVICE_TYPE_VFIO = "vfio"
+# operands.yaml draDriver passthrough.featureGate (pkg/featuregates/featuregates.go), named here to judge
+# releases that lack it.
+PASSTHROUGH_GATE = "PassthroughSupport"
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,40 @@ def _env_value(container: Mapping[str, Any], name: str) -> str | None:
         if entry.get("name") == name and "value" in entry:
             return str(entry["value"])
     return None
+
+
+def enabled_feature_gates(container: Mapping[str, Any], release: OperandRelease) -> dict[str, bool]:
+    """The gates `container` sets through the release's --feature-gates env var ("A=true,B=false,", as
+    the chart writes it); nothing where the release has no such flag (the variable is then ignored)."""
+    env = release.flag_env.get(FEATURE_GATES_FLAG)
+    text = _env_value(container, env) if env else None
+    gates: dict[str, bool] = {}
+    for item in (text or "").split(","):
+        name, _, value = item.strip().partition("=")
+        if name:
+            gates[name] = value.strip().lower() == "true"
+    return gates
+
+
+def _unknown_gate(container: Mapping[str, Any], release: OperandRelease) -> str | None:
+    # The contract records only the gate gpuforge sets; a release without its passthrough entry does
+    # not define it, and featuregate.Set refuses it whatever its value.
+    if release.passthrough is None and PASSTHROUGH_GATE in enabled_feature_gates(container, release):
+        return PASSTHROUGH_GATE
+    return None
+
+
+def advertised_device_types(pod: Mapping[str, Any], release: OperandRelease) -> frozenset[str]:
+    """The device types the DRA kubelet plugin in `pod` publishes: full GPUs always, GPUs for vfio-pci
+    passthrough only where the release has the passthrough gate and the pod turns it on
+    (cmd/gpu-kubelet-plugin/nvlib.go enumerateAllPossibleDevices)."""
+    types = {DEVICE_TYPE_GPU}
+    if release.passthrough is not None:
+        gate = release.passthrough.feature_gate
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if any(enabled_feature_gates(c, release).get(gate) for c in containers):
+            types.add(DEVICE_TYPE_VFIO)
+    return frozenset(types)
 
 
 def _adds_sys_admin(container: Mapping[str, Any]) -> bool:
@@ -106,6 +146,10 @@ def judge(
         for flag in binary.required_flags:
             if binary.flag_env[flag] not in present:
                 return Verdict(False, binary.error("missing_flag", flag=flag))
+        # featuregate.Set runs while the flags are parsed
+        gate = _unknown_gate(container, binary)
+        if gate is not None:
+            return Verdict(False, binary.error("unknown_feature_gate", gate=gate))
     minimum = release.min_time_slicing_replicas
     if minimum is not None and any(r < minimum for r in _time_slicing_replicas(config)):
         return Verdict(False, release.error("config_rejected", value=release.error("replicas_too_few")))

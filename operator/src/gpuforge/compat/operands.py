@@ -24,6 +24,8 @@ COMPONENTS = (DEVICE_PLUGIN, DRA_KUBELET_PLUGIN, DRA_CONTROLLER, DRA_COMPUTE_DOM
 # The DRA kubelet plugin pods' container running DRA_COMPUTE_DOMAIN_PLUGIN (chart kubeletplugin.yaml).
 COMPUTE_DOMAIN_CONTAINER = "compute-domains"
 DRIVER_ROOT_MOUNT = "/driver-root"
+# The DRA kubelet plugin's flag taking "Name=true,..." (pkg/flags/featuregates.go), where a release has it.
+FEATURE_GATES_FLAG = "feature-gates"
 
 
 class UnsupportedRelease(ValueError):
@@ -35,6 +37,26 @@ class Probe:
     period_seconds: int
     failure_threshold: int
     timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class HostMount:
+    """A hostPath volume and where a container mounts it, as NVIDIA's chart writes it."""
+
+    name: str
+    host_path: str
+    mount_path: str
+    read_only: bool
+    mount_propagation: str
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    """What serving vfio.gpu.nvidia.com takes of a DRA kubelet plugin: the feature gate that makes it
+    enumerate GPUs bound to vfio-pci, and the host mounts the chart adds with it."""
+
+    feature_gate: str
+    mounts: tuple[HostMount, ...]
 
 
 @dataclass(frozen=True)
@@ -65,6 +87,8 @@ class OperandRelease:
     host_dev: bool = False
     # SecurityContextConstraints its ServiceAccount may use on OpenShift; None: none bound
     openshift_scc: str | None = None
+    # None: the release cannot enumerate vfio devices at all
+    passthrough: Passthrough | None = None
 
     @property
     def required_env(self) -> tuple[str, ...]:
@@ -152,6 +176,22 @@ def _probe(data: Mapping[str, Any] | None) -> Probe | None:
     return Probe(int(data["periodSeconds"]), int(data["failureThreshold"]), int(data["timeoutSeconds"]))
 
 
+def _passthrough(data: Mapping[str, Any] | None) -> Passthrough | None:
+    if not data:
+        return None
+    mounts = tuple(
+        HostMount(
+            name=str(m["name"]),
+            host_path=str(m["hostPath"]),
+            mount_path=str(m["mountPath"]),
+            read_only=bool(m["readOnly"]),
+            mount_propagation=str(m["mountPropagation"]),
+        )
+        for m in data["mounts"]
+    )
+    return Passthrough(feature_gate=str(data["featureGate"]), mounts=mounts)
+
+
 def _release(
     component: str, version: str, entry: Mapping[str, Any], errors: Mapping[str, str]
 ) -> OperandRelease:
@@ -198,6 +238,7 @@ def from_data(data: Mapping[str, Any], device_plugin_versions: tuple[str, ...]) 
             startup_probe=_probe(probes["startup"]) if has_health else None,
             liveness_probe=_probe(probes["liveness"]) if has_health else None,
             nvml_from_driver_root=bool(plugin.get("nvmlFromDriverRoot", False)),
+            passthrough=_passthrough(plugin.get("passthrough")),
         )
         releases[(DRA_CONTROLLER, version)] = _release(DRA_CONTROLLER, version, controller, errors)
     for entry in data["computeDomains"]:

@@ -257,6 +257,12 @@ def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> lis
             if mode is Mode.DRA and _compute_domains_on(inp)
             else None
         )
+        # vfio.gpu.nvidia.com: the gate and host mounts the chart adds with PassthroughSupport on
+        passthrough = (
+            contract.passthrough
+            if mode is Mode.DRA and DEVICE_CLASS_VFIO in inp.stack.spec.dra.device_classes
+            else None
+        )
         out.append(
             {
                 "name": name,
@@ -268,6 +274,8 @@ def _daemonsets(inp: RenderInput, mode: Mode, base: str, repository: str) -> lis
                 "startup_probe": _probe(contract.startup_probe),
                 "liveness_probe": _probe(contract.liveness_probe),
                 "compute_domains": compute_domains,
+                "feature_gates": f"{passthrough.feature_gate}=true," if passthrough else None,
+                "host_mounts": list(passthrough.mounts) if passthrough else [],
             }
         )
     return out

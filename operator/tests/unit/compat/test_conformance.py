@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuforge.compat.conformance import NodeRuntime, judge
+from gpuforge.compat.conformance import (
+    DEVICE_TYPE_GPU,
+    DEVICE_TYPE_VFIO,
+    PASSTHROUGH_GATE,
+    NodeRuntime,
+    advertised_device_types,
+    judge,
+)
 from gpuforge.compat.operands import (
     COMPONENTS,
     COMPUTE_DOMAIN_CONTAINER,
@@ -215,6 +222,7 @@ def test_renders_from_before_the_contract_fail_like_the_release(
         ("dra-v1beta2.yaml", DRA_KUBELET_PLUGIN),
         ("dra-v1beta1-old-release.yaml", DRA_KUBELET_PLUGIN),
         ("dra-compute-domains-mig.yaml", DRA_KUBELET_PLUGIN),
+        ("dra-vfio-passthrough.yaml", DRA_KUBELET_PLUGIN),
         ("device-plugin-defaults.yaml", DEVICE_PLUGIN),
         ("device-plugin-time-slicing.yaml", DEVICE_PLUGIN),
     ],
@@ -246,3 +254,63 @@ def test_a_compute_domains_container_its_release_would_not_start(golden: str, mi
         expected = "failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND"
     verdict = judge(pod, release, PLAIN_NODE, config, by_container)
     assert (verdict.ok, verdict.message) == (False, expected)
+
+
+# --- vfio.gpu.nvidia.com: the PassthroughSupport gate ------------------------------------------------
+PASSTHROUGH_RELEASES = {"v25.12.0", "v0.4.0"}
+
+
+def _with_gates(release: OperandRelease, value: str) -> dict[str, Any]:
+    pod = conforming_pod(release)
+    pod["spec"]["containers"][0]["env"].append({"name": "FEATURE_GATES", "value": value})
+    return pod
+
+
+def test_the_passthrough_gate_exists_from_v25_12() -> None:
+    have = {
+        v
+        for v in CONTRACT.versions(DRA_KUBELET_PLUGIN)
+        if CONTRACT.release(DRA_KUBELET_PLUGIN, v).passthrough
+    }
+    assert have == PASSTHROUGH_RELEASES
+    gated = CONTRACT.release(DRA_KUBELET_PLUGIN, "v25.12.0").passthrough
+    assert gated is not None and gated.feature_gate == PASSTHROUGH_GATE
+    assert {m.host_path for m in gated.mounts} == {"/", "/sys/", "/proc/"}
+
+
+@pytest.mark.parametrize(
+    ("version", "gates", "types"),
+    [
+        ("v25.12.0", None, {DEVICE_TYPE_GPU}),
+        ("v25.12.0", "PassthroughSupport=false,", {DEVICE_TYPE_GPU}),
+        ("v25.12.0", "PassthroughSupport=true,", {DEVICE_TYPE_GPU, DEVICE_TYPE_VFIO}),
+        ("v0.4.0", "MPSSupport=true,PassthroughSupport=true,", {DEVICE_TYPE_GPU, DEVICE_TYPE_VFIO}),
+        # v25.3.x has no --feature-gates flag: the variable is ignored, and no vfio devices exist
+        ("v25.3.2", "PassthroughSupport=true,", {DEVICE_TYPE_GPU}),
+    ],
+)
+def test_vfio_devices_are_published_only_with_the_gate(
+    version: str, gates: str | None, types: set[str]
+) -> None:
+    release = CONTRACT.release(DRA_KUBELET_PLUGIN, version)
+    pod = conforming_pod(release) if gates is None else _with_gates(release, gates)
+    assert judge(pod, release, PLAIN_NODE, None).ok
+    assert advertised_device_types(pod, release) == types
+
+
+def test_a_release_without_the_gate_exits_on_it() -> None:
+    release = CONTRACT.release(DRA_KUBELET_PLUGIN, "v25.8.0")
+    verdict = judge(_with_gates(release, "PassthroughSupport=true,"), release, PLAIN_NODE, None)
+    assert not verdict.ok
+    assert verdict.message == "unrecognized feature gate: PassthroughSupport"
+
+
+@pytest.mark.parametrize(
+    ("golden", "types"),
+    [("dra-v1.yaml", {DEVICE_TYPE_GPU}), ("dra-vfio-passthrough.yaml", {DEVICE_TYPE_GPU, DEVICE_TYPE_VFIO})],
+)
+def test_the_rendered_plugin_publishes_vfio_devices_only_when_the_class_is_chosen(
+    golden: str, types: set[str]
+) -> None:
+    pod, _ = _pod_of(GOLDEN / golden, DRA_KUBELET_PLUGIN)
+    assert advertised_device_types(pod, _release_of(pod, DRA_KUBELET_PLUGIN)) == types

@@ -64,6 +64,12 @@ CASES: dict[str, tuple[dict[str, Any], frozenset[Mode], str | None]] = {
         "v1beta1",
     ),
     "device-plugin-openshift": ({}, frozenset({DP}), None),
+    # PassthroughSupport and the host root, /sys and /proc mounts of NVIDIA's chart
+    "dra-vfio-passthrough": (
+        {"mode": "dra", "dra": {"deviceClasses": ["gpu.nvidia.com", "vfio.gpu.nvidia.com"]}},
+        frozenset({DRA}),
+        "v1",
+    ),
 }
 # Cases rendered for a cluster that serves security.openshift.io.
 OPENSHIFT_CASES = {"dra-compute-domains-openshift-v25-3", "device-plugin-openshift"}
@@ -269,3 +275,51 @@ def test_openshift_gives_the_device_plugin_its_own_service_account_allowed_privi
     plain_pod = next(o for o in plain if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     assert "serviceAccountName" not in plain_pod
     assert not _named(plain, "ClusterRole")
+
+
+def _gpus_container(version: str, classes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = {"mode": "dra", "dra": {"version": version, "deviceClasses": classes}}
+    stack = GpuStack("a100", from_dict(GpuStackSpec, spec, "spec"))
+    objects = render(RenderInput(stack, frozenset({DRA}), "v1", compat.load()))
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    return pod, next(c for c in pod["containers"] if c["name"] == "gpus")
+
+
+VFIO = "vfio.gpu.nvidia.com"
+
+
+@pytest.mark.parametrize(
+    ("version", "classes", "gated"),
+    [
+        ("v25.12.0", ["gpu.nvidia.com", VFIO], True),
+        ("v0.4.0", [VFIO], True),
+        ("v25.12.0", ["gpu.nvidia.com"], False),
+        ("v0.4.0", ["gpu.nvidia.com", "mig.nvidia.com"], False),
+    ],
+)
+def test_vfio_class_turns_on_passthrough_with_the_charts_mounts(
+    version: str, classes: list[str], gated: bool
+) -> None:
+    pod, gpus = _gpus_container(version, classes)
+    env = {e["name"]: e.get("value") for e in gpus["env"]}
+    mounts = {m["name"]: m for m in gpus["volumeMounts"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    if not gated:
+        assert "FEATURE_GATES" not in env
+        assert not {"host-root", "sysfs", "procfs"} & (mounts.keys() | host_paths.keys())
+        return
+    assert env["FEATURE_GATES"] == "PassthroughSupport=true,"
+    assert {k: host_paths[k] for k in ("host-root", "sysfs", "procfs")} == {
+        "host-root": "/",
+        "sysfs": "/sys/",
+        "procfs": "/proc/",
+    }
+    assert mounts["host-root"] == {
+        "name": "host-root",
+        "mountPath": "/host-root",
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
+    assert mounts["sysfs"]["mountPropagation"] == mounts["procfs"]["mountPropagation"] == "Bidirectional"
+    assert gpus["securityContext"]["privileged"] is True
