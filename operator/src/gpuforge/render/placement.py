@@ -35,8 +35,16 @@ from datetime import datetime, timedelta
 
 from gpuforge.api import conditions as c
 from gpuforge.api.cluster import NodeFacts, OperandPod
-from gpuforge.api.gpustack import GpuStack, Mode, NodeSelector, NodeSelectorRequirement, SelectorOperator
+from gpuforge.api.gpustack import (
+    DEVICE_CLASS_VFIO,
+    GpuStack,
+    Mode,
+    NodeSelector,
+    NodeSelectorRequirement,
+    SelectorOperator,
+)
 from gpuforge.compat import Compat, UnknownRelease
+from gpuforge.compat.operands import DRA_KUBELET_PLUGIN, OperandContract, load_operands
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
     COMPONENT_DRA_KUBELET_PLUGIN,
@@ -239,6 +247,26 @@ def _compat_problem(stack: GpuStack, node: NodeFacts, served: frozenset[str], co
     return compat.device_plugin_problem(stack.spec.device_plugin.version, node.kubelet_minor)
 
 
+def unsupported_device_class(stack: GpuStack, contract: OperandContract) -> str | None:
+    """Why the stack's DRA driver release cannot serve a class in spec.dra.deviceClasses, or None.
+    vfio.gpu.nvidia.com needs the PassthroughSupport gate (operands.yaml draDriver passthrough): an
+    older release publishes no vfio devices, so claims for the class would stay Pending."""
+    version = stack.spec.dra.version
+    if DEVICE_CLASS_VFIO not in stack.spec.dra.device_classes:
+        return None
+    if contract.release(DRA_KUBELET_PLUGIN, version).passthrough is not None:
+        return None
+    since = [
+        v
+        for v in contract.versions(DRA_KUBELET_PLUGIN)
+        if contract.release(DRA_KUBELET_PLUGIN, v).passthrough
+    ]
+    return (
+        f"spec.dra.deviceClasses: {DEVICE_CLASS_VFIO} needs the DRA driver's PassthroughSupport "
+        f"feature gate, which release {version} does not have (from {since[0] if since else 'none known'})"
+    )
+
+
 def place(
     stack: GpuStack,
     nodes: Sequence[NodeFacts],
@@ -264,6 +292,10 @@ def place(
     except UnknownRelease as err:
         stack_refusal = str(err)
         problems.append(Problem(c.UNKNOWN_RELEASE, str(err)))
+    if stack_refusal is None and mode is Mode.DRA:
+        stack_refusal = unsupported_device_class(stack, load_operands())
+        if stack_refusal is not None:
+            problems.append(Problem(c.UNSUPPORTED_DEVICE_CLASS, stack_refusal))
     if mode is Mode.DRA and dra_api is None:
         served = ", ".join(sorted(served_resource_versions)) or "none"
         stack_refusal = f"the API server serves no usable resource.k8s.io version (served: {served})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -11,6 +12,8 @@ from gpuforge import compat
 from gpuforge.api import conditions as c
 from gpuforge.api.cluster import NodeFacts, OperandPod
 from gpuforge.api.gpustack import (
+    DEVICE_CLASS_GPU,
+    DEVICE_CLASS_VFIO,
     GpuStack,
     GpuStackSpec,
     Mode,
@@ -398,3 +401,30 @@ def test_elsewhere_nodes_are_grouped_by_why() -> None:
 def test_without_the_time_a_release_mark_counts_for_nothing() -> None:
     facts = advertising("n", allocatable=GPUS, released=0)
     assert place(stack(), [facts], [stack()], [], ALL_APIS, C).steps[0].state is NodeState.ELSEWHERE
+
+
+def _vfio_stack(version: str) -> GpuStack:
+    s = stack(mode=Mode.DRA, version=version)
+    classes = (DEVICE_CLASS_GPU, DEVICE_CLASS_VFIO)
+    return dataclasses.replace(
+        s, spec=dataclasses.replace(s.spec, dra=dataclasses.replace(s.spec.dra, device_classes=classes))
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [("v25.3.2", True), ("v25.8.0", True), ("v25.8.1", True), ("v25.12.0", False), ("v0.4.0", False)],
+)
+def test_vfio_class_is_refused_where_the_release_has_no_passthrough(version: str, refused: bool) -> None:
+    s = _vfio_stack(version)
+    placement = place(s, [node("g1"), node("g2")], [s], [], ALL_APIS, C)
+    if not refused:
+        assert not placement.problems
+        assert {st.state for st in placement.steps} != {NodeState.REFUSED}
+        return
+    (problem,) = placement.problems
+    assert problem.reason == c.UNSUPPORTED_DEVICE_CLASS
+    assert "spec.dra.deviceClasses" in problem.message and DEVICE_CLASS_VFIO in problem.message
+    assert f"release {version}" in problem.message and "from v25.12.0" in problem.message
+    assert {st.state for st in placement.steps} == {NodeState.REFUSED}
+    assert all(st.labels == {} for st in placement.steps)
