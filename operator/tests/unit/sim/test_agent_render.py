@@ -54,3 +54,15 @@ def test_work_queue_never_hands_one_node_to_two_workers() -> None:
     assert queue.get() == "b"
     queue.done("a")  # ...but once more after the first reconcile finished
     assert queue.get() == "a"
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_a_plugin_with_passthrough_also_offers_each_gpu_as_vfio(version: str) -> None:
+    plain = render_slice(NODE, H100, version)["spec"]["devices"]
+    devices = render_slice(NODE, H100, version, vfio=True)["spec"]["devices"]
+    assert [d["name"] for d in plain] == ["gpu-0", "gpu-1"]
+    assert [d["name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-vfio-0", "gpu-vfio-1"]
+    vfio = devices[2].get("basic", devices[2])
+    assert vfio["attributes"]["type"] == {"string": "vfio"}
+    gpu = devices[0].get("basic", devices[0])
+    assert vfio["attributes"]["uuid"] == gpu["attributes"]["uuid"]

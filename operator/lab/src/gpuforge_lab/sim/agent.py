@@ -40,7 +40,14 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
-from gpuforge.compat.conformance import NodeRuntime, Verdict, judge, mig_strategy
+from gpuforge.compat.conformance import (
+    DEVICE_TYPE_VFIO,
+    NodeRuntime,
+    Verdict,
+    advertised_device_types,
+    judge,
+    mig_strategy,
+)
 from gpuforge.compat.operands import OperandRelease, UnsupportedRelease, load_operands
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
@@ -81,8 +88,24 @@ def _uuid(node: str, index: int) -> str:
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
-def render_devices(node: str, gpu: GpuSpec, version: str) -> list[dict[str, Any]]:
-    """The devices NVIDIA's gpu-kubelet-plugin would publish for this node, in that API version's shape."""
+def _vfio_device(node: str, gpu: GpuSpec, index: int) -> dict[str, Any]:
+    """The passthrough twin of GPU `index` (cmd/gpu-kubelet-plugin/deviceinfo.go VfioDeviceInfo:
+    CanonicalName gpu-vfio-<n>, type "vfio"; a subset of its attributes, no capacity)."""
+    return {
+        "name": f"gpu-vfio-{index}",
+        "attributes": {
+            "type": {"string": DEVICE_TYPE_VFIO},
+            "uuid": {"string": _uuid(node, index)},
+            "productName": {"string": gpu.product},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x10 + index:02x}:00.0"},
+        },
+    }
+
+
+def render_devices(node: str, gpu: GpuSpec, version: str, vfio: bool = False) -> list[dict[str, Any]]:
+    """The devices NVIDIA's gpu-kubelet-plugin would publish for this node, in that API version's shape;
+    `vfio`: the plugin runs with PassthroughSupport on, and each GPU is offered for passthrough too
+    (nvlib.go enumerateAllPossibleDevices)."""
     devices = []
     for index in range(gpu.count):
         attributes = {
@@ -103,10 +126,15 @@ def render_devices(node: str, gpu: GpuSpec, version: str) -> list[dict[str, Any]
             )
         else:
             devices.append({"name": f"gpu-{index}", "attributes": attributes, "capacity": capacity})
+    for index in range(gpu.count if vfio else 0):
+        device = _vfio_device(node, gpu, index)
+        if version == "v1beta1":
+            device = {"name": device["name"], "basic": {"attributes": device["attributes"]}}
+        devices.append(device)
     return devices
 
 
-def render_slice(node: dict[str, Any], gpu: GpuSpec, version: str) -> dict[str, Any]:
+def render_slice(node: dict[str, Any], gpu: GpuSpec, version: str, vfio: bool = False) -> dict[str, Any]:
     name = node["metadata"]["name"]
     return {
         "apiVersion": f"{RESOURCE_GROUP}/{version}",
@@ -122,7 +150,7 @@ def render_slice(node: dict[str, Any], gpu: GpuSpec, version: str) -> dict[str, 
             "driver": DRA_DRIVER_GPU,
             "nodeName": name,
             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-            "devices": render_devices(name, gpu, version),
+            "devices": render_devices(name, gpu, version, vfio),
         },
     }
 
@@ -148,6 +176,11 @@ def release_of(pod: Mapping[str, Any]) -> OperandRelease | None:
         return load_operands().release(component, version)
     except UnsupportedRelease:
         return None
+
+
+def _publishes_vfio(pod: Mapping[str, Any]) -> bool:
+    release = release_of(pod)
+    return release is not None and DEVICE_TYPE_VFIO in advertised_device_types(pod, release)
 
 
 def verdict_of(pod: Mapping[str, Any], node: Mapping[str, Any], config: Mapping[str, Any] | None) -> Verdict:
@@ -344,6 +377,8 @@ class NodeView:
     # Ready device-plugin pods by uid (their specs say what they advertise)
     device_plugin_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     dra_pods: set[str] = field(default_factory=set)
+    # of those, the ones whose release and feature gates publish vfio devices
+    vfio_pods: set[str] = field(default_factory=set)
     # extended resources the agent set on the node for the device plugin, and their counts
     device_plugin_resources: dict[str, int] = field(default_factory=dict)
     advertising_dra: bool = False
@@ -485,6 +520,7 @@ class Agent:
                 view = self.nodes.setdefault(old_node, NodeView())
                 view.device_plugin_pods.pop(uid, None)
                 view.dra_pods.discard(uid)
+                view.vfio_pods.discard(uid)
                 touched.add(old_node)
             if ready and node_name and component in ADVERTISING_COMPONENTS:
                 self.pod_nodes[uid] = (node_name, component)
@@ -493,6 +529,8 @@ class Agent:
                     view.device_plugin_pods[uid] = pod
                 else:
                     view.dra_pods.add(uid)
+                    if _publishes_vfio(pod):
+                        view.vfio_pods.add(uid)
                 touched.add(node_name)
         for name in touched:
             self.work.put(name)
@@ -519,6 +557,7 @@ class Agent:
             pending = list(view.pending_pods.values())
             dp_pods = list(view.device_plugin_pods.values())
             want_dra = bool(view.dra_pods)
+            want_vfio = bool(view.vfio_pods)
             was_dp = dict(view.device_plugin_resources)
         for pod in pending:
             self._start(pod, node)
@@ -531,7 +570,7 @@ class Agent:
         # withdraw only what this agent advertised: a resource no plugin serves any more drops to 0
         self._set_capacity(name, node, {**{resource: 0 for resource in was_dp}, **want_dp})
         if want_dra and self.slice_version is not None:
-            self._publish_slice(node, gpu)
+            self._publish_slice(node, gpu, want_vfio)
         else:
             self._remove_slices(name)
         with self.lock:
@@ -651,9 +690,9 @@ class Agent:
             if view is not None:
                 view.obj = self._serialize(updated)
 
-    def _publish_slice(self, node: dict[str, Any], gpu: GpuSpec) -> None:
+    def _publish_slice(self, node: dict[str, Any], gpu: GpuSpec, vfio: bool) -> None:
         assert self.slice_version is not None
-        body = render_slice(node, gpu, self.slice_version)
+        body = render_slice(node, gpu, self.slice_version, vfio)
         try:
             self.custom.create_cluster_custom_object(
                 RESOURCE_GROUP, self.slice_version, "resourceslices", body
@@ -661,6 +700,14 @@ class Agent:
         except client.ApiException as error:
             if error.status != 409:
                 raise
+            # a plugin restarted with other feature gates publishes another device list
+            self.custom.patch_cluster_custom_object(
+                RESOURCE_GROUP,
+                self.slice_version,
+                "resourceslices",
+                body["metadata"]["name"],
+                {"spec": {"devices": body["spec"]["devices"]}},
+            )
 
     def _remove_slices(self, name: str) -> None:
         if self.slice_version is None:
