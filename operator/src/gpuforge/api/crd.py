@@ -223,7 +223,7 @@ def _dra() -> Schema:
                 max_length=255,
             ),
             "deviceClasses": _arr(
-                "DeviceClasses to create.",
+                "DeviceClasses to create (vfio.gpu.nvidia.com needs DRA driver v25.12.0 or later).",
                 _str("DeviceClass.")
                 | {"enum": [m.DEVICE_CLASS_GPU, m.DEVICE_CLASS_MIG, m.DEVICE_CLASS_VFIO]},
                 default=[m.DEVICE_CLASS_GPU],
