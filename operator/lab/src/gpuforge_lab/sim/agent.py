@@ -474,6 +474,7 @@ class Agent:
                     for view in self.nodes.values():
                         view.device_plugin_pods.clear()
                         view.dra_pods.clear()
+                        view.vfio_pods.clear()
                         view.pending_pods.clear()
                     self.pod_nodes.clear()
                     self.pending_nodes.clear()
