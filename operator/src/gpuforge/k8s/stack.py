@@ -378,8 +378,9 @@ def _quota_pass(
 
 
 def _renderable(placement: Placement) -> bool:
-    """An unknown release cannot be rendered: keep what runs rather than prune it."""
-    return not any(p.reason == c.UNKNOWN_RELEASE for p in placement.problems)
+    """An unknown release, or a device class the release cannot serve, cannot be rendered: keep what
+    runs rather than prune it, and move no node onto it."""
+    return not any(p.reason in (c.UNKNOWN_RELEASE, c.UNSUPPORTED_DEVICE_CLASS) for p in placement.problems)
 
 
 def _key(ref: Ref) -> ObjectKey:

@@ -295,6 +295,63 @@ def test_dra_example_on_1_36(op_cluster: Any, stacks: list[str]) -> None:
     wait_for("owned objects gone", lambda: not owned_objects(cluster, "gpus"))
 
 
+VFIO_STACK = """
+apiVersion: gpuforge.io/v1alpha1
+kind: GpuStack
+metadata: {{name: passthrough}}
+spec:
+  mode: dra
+  dra: {{version: {version}, deviceClasses: [gpu.nvidia.com, vfio.gpu.nvidia.com]}}
+  namespace: gpuforge-operands
+"""
+
+
+def test_vfio_class_needs_a_release_with_passthrough(op_cluster: Any, stacks: list[str]) -> None:
+    cluster = op_cluster
+    stacks.append("passthrough")
+    # v25.8.0 has no PassthroughSupport gate: refused, naming the field and the release.
+    apply(cluster, VFIO_STACK.format(version="v25.8.0"))
+
+    def refused() -> dict[str, Any]:
+        degraded = condition(stack_status(cluster, "passthrough"), "Degraded")
+        return degraded if degraded.get("reason") == "UnsupportedDeviceClass" else {}
+
+    message = wait_for("the vfio class refused on v25.8.0", refused)["message"]
+    assert "spec.dra.deviceClasses" in message and "v25.8.0" in message
+    assert not kube_json(cluster, "pods", "-A", "-l", f"{COMPONENT_LABEL}=dra-kubelet-plugin")["items"]
+
+    # v25.12.0: the plugin runs with the gate, and the simulated plugin offers each GPU as vfio too.
+    apply(cluster, VFIO_STACK.format(version="v25.12.0"))
+    wait_for(
+        "GpuStack passthrough Ready", lambda: stack_status(cluster, "passthrough").get("phase") == "Ready"
+    )
+    ds = kube_json(cluster, "ds", "-n", "gpuforge-operands", "passthrough-dra-kubelet-plugin")
+    gpus = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "gpus")
+    assert {"name": "FEATURE_GATES", "value": "PassthroughSupport=true,"} in gpus["env"]
+
+    def vfio_devices() -> set[str]:
+        slices = kube_json(
+            cluster, "resourceslices.v1.resource.k8s.io", "--field-selector=spec.driver=gpu.nvidia.com"
+        )
+        return {
+            s["spec"]["nodeName"]
+            for s in slices["items"]
+            if any(d["attributes"]["type"]["string"] == "vfio" for d in s["spec"]["devices"])
+        }
+
+    wait_for("vfio devices on every GPU node", lambda: vfio_devices() == GPU_NODES)
+    ns = f"t-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", ns)
+    apply(cluster, CLAIM_POD.format(version="v1", ns=ns).replace("gpu.nvidia.com", "vfio.gpu.nvidia.com"))
+    node = wait_for(
+        "the vfio claim pod to be scheduled",
+        lambda: kube_json(cluster, "pod", "-n", ns, "trainer")["spec"].get("nodeName"),
+    )
+    assert node in GPU_NODES
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    delete_stack_and_wait(cluster, "passthrough")
+
+
 # --- overlap ---------------------------------------------------------------------------------------------
 def test_younger_stack_is_refused_on_shared_nodes(op_cluster: Any, stacks: list[str]) -> None:
     cluster = op_cluster
