@@ -14,17 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, install_crd, operator, peak_rss_mib
+from harness import ROOT, cluster_with_operator, peak_rss_mib
 from report import write_rows
 
-from gpuforge_lab.devcluster.cluster import DevCluster
-from gpuforge_lab.devcluster.pools import uniform_pools
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
 from gpuforge.k8s.memory import StackMemory
@@ -68,39 +65,32 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="gpuforge-bench-operator-") as tmp:
-        cluster = DevCluster("bench-operator", Path(tmp))
-        cluster.up("1.36", uniform_pools(args.nodes))
-        try:
-            install_crd(cluster)
-            with operator(cluster, Path(tmp) / "operator.log") as process:
-                started = time.monotonic()
-                cluster.kubectl("apply", "-f", str(ROOT / "examples/gpustack-device-plugin.yaml"))
-                wanted = f"{args.nodes}/{args.nodes}"
-                while True:
-                    out = cluster.kubectl("get", "gpustack", "gpus", "-o", "json", check=False).stdout
-                    status = json.loads(out).get("status", {}) if out else {}
-                    if status.get("phase") == "Ready" and status.get("nodesReady") == wanted:
-                        break
-                    if time.monotonic() - started > 600:
-                        raise SystemExit(f"not Ready after 600 s: {status.get('nodesReady')}")
-                    time.sleep(0.5)
-                ready_seconds = time.monotonic() - started
-                requests = process.requests()
-                peak = peak_rss_mib(process.pid)
+    with cluster_with_operator("bench-operator", args.nodes) as (cluster, process):
+        started = time.monotonic()
+        cluster.kubectl("apply", "-f", str(ROOT / "examples/gpustack-device-plugin.yaml"))
+        wanted = f"{args.nodes}/{args.nodes}"
+        while True:
+            out = cluster.kubectl("get", "gpustack", "gpus", "-o", "json", check=False).stdout
+            status = json.loads(out).get("status", {}) if out else {}
+            if status.get("phase") == "Ready" and status.get("nodesReady") == wanted:
+                break
+            if time.monotonic() - started > 600:
+                raise SystemExit(f"not Ready after 600 s: {status.get('nodesReady')}")
+            time.sleep(0.5)
+        ready_seconds = time.monotonic() - started
+        requests = process.requests()
+        peak = peak_rss_mib(process.pid)
 
-                kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-                memory = StackMemory()
-                reconcile(kube, "gpus", memory)  # warm caches (compat data, templates, what was applied)
-                kube.requests.clear()
-                cpu = time.process_time()
-                outcome = reconcile(kube, "gpus", memory)
-                list_cpu = time.process_time() - cpu
-                list_requests = sum(kube.requests.values())
-                assert outcome is not None and outcome.labelled == 0
-                noop_cpu, noop_requests = _cached_noop(kube)
-        finally:
-            cluster.down()
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+        memory = StackMemory()
+        reconcile(kube, "gpus", memory)  # warm caches (compat data, templates, what was applied)
+        kube.requests.clear()
+        cpu = time.process_time()
+        outcome = reconcile(kube, "gpus", memory)
+        list_cpu = time.process_time() - cpu
+        list_requests = sum(kube.requests.values())
+        assert outcome is not None and outcome.labelled == 0
+        noop_cpu, noop_requests = _cached_noop(kube)
 
     rows = [
         {

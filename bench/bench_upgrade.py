@@ -39,20 +39,17 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import Operator, cpu_seconds, install_crd, operator, peak_rss_mib
+from harness import Operator, cluster_with_operator, cpu_seconds, peak_rss_mib
 from report import write_rows
 
 from gpuforge_lab.devcluster.cluster import DevCluster
-from gpuforge_lab.devcluster.pools import uniform_pools
 
 MAX_UNAVAILABLE_PERCENT = 10
 
@@ -176,70 +173,61 @@ def main() -> None:
     args = parser.parse_args()
     batches = math.ceil(100 / MAX_UNAVAILABLE_PERCENT)
 
-    with tempfile.TemporaryDirectory(prefix="gpuforge-bench-upgrade-") as tmp:
-        cluster = DevCluster("bench-upgrade", Path(tmp))
-        cluster.up("1.36", uniform_pools(args.nodes))
-        try:
-            install_crd(cluster)
-            with operator(cluster, Path(tmp) / "operator.log") as process:
-                stack = {
-                    "apiVersion": "gpuforge.io/v1alpha1",
-                    "kind": "GpuStack",
-                    "metadata": {"name": "gpus"},
-                    "spec": {
-                        "mode": "devicePlugin",
-                        "upgradePolicy": {
-                            "maxUnavailable": f"{MAX_UNAVAILABLE_PERCENT}%",
-                            "maxParallel": 0,
-                        },
-                    },
-                }
-                cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
-                _wait(
-                    "the device plugin on every node",
-                    lambda: _done(cluster, args.nodes, "devicePlugin"),
-                    600,
-                    cluster,
-                )
-                time.sleep(2)
-                before = _readings(process)
-                profiler = None
-                if args.profile:
-                    profiler = subprocess.Popen(
-                        [
-                            str(Path(sys.executable).with_name("py-spy")),
-                            "record",
-                            "--pid",
-                            str(process.pid),
-                            "--format",
-                            "raw",
-                            "--gil",  # only the thread holding the GIL: where the operator's CPU goes
-                            "--rate",
-                            "25",
-                            "--output",
-                            str(args.profile),
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                load = os.getloadavg()[0]
-                started = time.monotonic()
-                cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
-                _wait("every node on DRA", lambda: _done(cluster, args.nodes, "dra"), 1800, cluster)
-                wall = time.monotonic() - started
-                load = max(load, os.getloadavg()[0])
-                after = _readings(process)
-                if profiler is not None:
-                    profiler.send_signal(signal.SIGINT)
-                    profiler.wait(timeout=60)
-                if args.log:  # the operator's metrics at the end, next to its log
-                    args.log.with_suffix(".metrics").write_text(process.metrics())
-                peak = peak_rss_mib(process.pid)
-            violations = len(cluster.violations())
-        finally:
-            if args.log and (Path(tmp) / "operator.log").exists():
-                shutil.copyfile(Path(tmp) / "operator.log", args.log)
-            cluster.down()
+    with cluster_with_operator("bench-upgrade", args.nodes, keep_log=args.log) as (cluster, process):
+        stack = {
+            "apiVersion": "gpuforge.io/v1alpha1",
+            "kind": "GpuStack",
+            "metadata": {"name": "gpus"},
+            "spec": {
+                "mode": "devicePlugin",
+                "upgradePolicy": {
+                    "maxUnavailable": f"{MAX_UNAVAILABLE_PERCENT}%",
+                    "maxParallel": 0,
+                },
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
+        _wait(
+            "the device plugin on every node",
+            lambda: _done(cluster, args.nodes, "devicePlugin"),
+            600,
+            cluster,
+        )
+        time.sleep(2)
+        before = _readings(process)
+        profiler = None
+        if args.profile:
+            profiler = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("py-spy")),
+                    "record",
+                    "--pid",
+                    str(process.pid),
+                    "--format",
+                    "raw",
+                    "--gil",  # only the thread holding the GIL: where the operator's CPU goes
+                    "--rate",
+                    "25",
+                    "--output",
+                    str(args.profile),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        load = os.getloadavg()[0]
+        started = time.monotonic()
+        cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
+        _wait("every node on DRA", lambda: _done(cluster, args.nodes, "dra"), 1800, cluster)
+        wall = time.monotonic() - started
+        load = max(load, os.getloadavg()[0])
+        after = _readings(process)
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(timeout=60)
+        if args.log:  # the operator's metrics at the end, next to its log
+            args.log.with_suffix(".metrics").write_text(process.metrics())
+        peak = peak_rss_mib(process.pid)
+        violations = len(cluster.violations())
 
     diff = {name: after[name] - before[name] for name in SUMS}
     requests, operator_seconds, passes = diff["requests"], diff["passes_seconds"], diff["passes"]

@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import re
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import uniform_pools
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUFORGE = Path(sys.executable).with_name("gpuforge")
@@ -112,3 +115,23 @@ def operator(cluster: DevCluster, log: Path) -> Iterator[Operator]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@contextmanager
+def cluster_with_operator(
+    name: str, nodes: int, keep_log: Path | None = None
+) -> Iterator[tuple[DevCluster, Operator]]:
+    """A local control plane of `nodes` uniform GPU nodes with the GpuStack CRD and the operator running;
+    torn down when the block ends (the operator's log copied to `keep_log` first, if given)."""
+    with tempfile.TemporaryDirectory(prefix=f"gpuforge-{name}-") as tmp:
+        cluster = DevCluster(name, Path(tmp))
+        cluster.up("1.36", uniform_pools(nodes))
+        log = Path(tmp) / "operator.log"
+        try:
+            install_crd(cluster)
+            with operator(cluster, log) as process:
+                yield cluster, process
+        finally:
+            if keep_log and log.exists():
+                shutil.copyfile(log, keep_log)
+            cluster.down()
