@@ -146,6 +146,9 @@ async def start_cache(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def stop_cache(memo: kopf.Memo, **_: Any) -> None:
+    writer: Writer | None = memo.get("writer")
+    if writer is not None:  # the writes in flight land (and are seen by the cache) before it stops
+        await asyncio.to_thread(writer.close)
     cache: ClusterCache | None = memo.get("cache")
     if cache is not None:
         await cache.stop()

@@ -189,9 +189,7 @@ NOTHING = Applied(0, (), 0, 0, 0, ())
 # Nodes are independent: their transitions are carried out side by side (one at a time per node).
 APPLY_WORKERS = 32
 # Events change no decision: they are posted in the background, after the node patch they tell about.
-_EVENTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuforge-events")
-# "upgrade-required" records change nothing on their nodes: one writer, behind the steps that move nodes.
-_RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuforge-records")
+EVENT_WORKERS = 4
 
 Cause = Callable[[Transition], float | None]  # when what allowed a step reached us (time.monotonic)
 Report = Callable[[Transition, Applied, float | None], None]  # one transition carried out, and its cause
@@ -223,6 +221,10 @@ class Writer:
         self._kube = kube
         self._cache = cache
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpuforge-writes")
+        self._events = ThreadPoolExecutor(max_workers=EVENT_WORKERS, thread_name_prefix="gpuforge-events")
+        # "upgrade-required" records change nothing on their nodes: one writer, behind the steps that move
+        # nodes.
+        self._record_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuforge-records")
         self._lock = threading.Lock()
         self._landed = 0
         self._landed_at: dict[str, int] = {}  # node -> the count when our latest write to it landed
@@ -230,6 +232,7 @@ class Writer:
         self._retries: dict[str, list[Retry]] = {}  # node -> who to tell when its write in flight lands
         # node -> its upgrade-required record, queued or being written
         self._records: dict[str, Future[Applied]] = {}
+        self._closed = False
 
     def mark(self) -> Mark:
         with self._lock:
@@ -263,6 +266,8 @@ class Writer:
         stale: list[str] = []
         records: list[Transition] = []
         with self._lock:
+            if self._closed:  # stopping: no new step starts, the next operator plans again from the cluster
+                return queued
             for transition in transitions:
                 node = transition.node
                 if node in self._in_flight:
@@ -288,7 +293,7 @@ class Writer:
                 queued[node] = self._pool.submit(self._carry_out, *args)
             for transition in records:  # after the steps that move nodes, so as not to compete with them
                 args = (transition, since.get(transition.node), snapshot.now, None, report)
-                self._records[transition.node] = _RECORDS.submit(self._carry_out, *args)
+                self._records[transition.node] = self._record_writer.submit(self._carry_out, *args)
         if retry is not None:
             for node in stale:
                 retry(node)
@@ -342,7 +347,7 @@ class Writer:
                 if caused is not None:
                     entered = transition.to_state.value if transition.to_state else "released"
                     reaction = (entered, max(0.0, time.monotonic() - caused))
-                _EVENTS.submit(_event, self._kube, transition)
+                self._events.submit(_event, self._kube, transition)
             applied = Applied(
                 1,
                 (change,) if change else (),
@@ -369,8 +374,14 @@ class Writer:
         if self._cache is not None:
             self._cache.offer(kind, obj)
 
-    def close(self) -> None:
+    def close(self, background: bool = True) -> None:
+        """Wait for the node writes in flight; `background`: also for queued events and records (else
+        they are still sent, by threads that end when their queue is empty)."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=True)
+        self._events.shutdown(wait=background)
+        self._record_writer.shutdown(wait=background)
 
 
 def apply_plan(
@@ -393,7 +404,7 @@ def apply_plan(
         futures = writer.submit(plan.transitions, snapshot, None, causes(woken_at, changed_at or {}))
         return sum((f.result() for f in futures.values()), NOTHING)
     finally:
-        writer.close()
+        writer.close(background=False)
 
 
 def causes(woken_at: float | None, changed_at: Mapping[str, float]) -> Cause:

@@ -86,6 +86,17 @@ def test_a_step_planned_before_our_latest_write_to_its_node_landed_is_left_out()
     writer.close()
 
 
+def test_a_closed_writer_starts_no_step_and_lets_the_writes_in_flight_land() -> None:
+    cluster = Cluster(["a", "b"], budget=1)
+    writer = Writer(cluster, cluster)  # type: ignore[arg-type]
+    snapshot = cluster.snapshot({"a", "b"})
+    landed = writer.submit([transition("a", SetLabels({"x": "1"}))], snapshot, writer.mark(), lambda _: None)
+    writer.close()
+    assert landed["a"].done() and cluster.nodes["a"]["metadata"]["labels"]["x"] == "1"
+    late = writer.submit([transition("b", SetLabels({"x": "1"}))], snapshot, writer.mark(), lambda _: None)
+    assert late == {} and "x" not in cluster.nodes["b"]["metadata"].get("labels", {})
+
+
 def test_admissions_in_flight_count_as_landed_uncordons_only_once_landed() -> None:
     nodes = [node("a"), node("b")]
     nodes[1]["spec"]["unschedulable"] = True
