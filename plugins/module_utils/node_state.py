@@ -15,6 +15,8 @@ __metaclass__ = type
 # One line per known package; `${db:Status-Abbrev}` is three letters: wanted (h = hold), state (i = installed).
 DPKG_QUERY_FORMAT = "${Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
 RPM_QUERY_FORMAT = "%{NAME}\\t%{EPOCH}:%{VERSION}-%{RELEASE}\\n"
+# Every installed package with its epoch and source RPM: the rows of node_state's package_index.
+RPM_INDEX_FORMAT = "%{NAME}\\t%{EPOCH}:%{VERSION}-%{RELEASE}\\t%{SOURCERPM}\\n"
 SYSTEMCTL_PROPERTIES = ("Id", "LoadState", "UnitFileState", "ActiveState")
 
 
@@ -54,12 +56,31 @@ def parse_rpm_query(text, names, versionlock_text=""):
         if len(fields) != 2 or fields[0] not in result:
             continue
         name, version = fields
+        # Without the epoch (NVIDIA's RPMs carry 3:), like dpkg's versions; rpm_index keeps it for the locks.
         result[name] = {
             "installed": True,
-            "version": re.sub(r"^(\(none\)|0):", "", version),
+            "version": re.sub(r"^(\(none\)|[0-9]+):", "", version),
             "held": name in locked,
         }
     return result
+
+
+def parse_rpm_index(text):
+    """[["installed", source, name, "epoch:version-release"]] from `rpm --query --all` with RPM_INDEX_FORMAT.
+
+    The same rows as dpkg's package index; the source package is the source RPM's name
+    ("nvidia-driver" from "nvidia-driver-580.95.05-1.el9.src.rpm") and the epoch is always written (0 if none).
+    """
+    rows = []
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 3:
+            continue
+        name, evr, source_rpm = fields
+        evr = re.sub(r"^\(none\):", "0:", evr)
+        source = re.sub(r"-[^-]+-[^-]+\.src\.rpm$", "", source_rpm) if source_rpm.endswith(".src.rpm") else name
+        rows.append(["installed", source, name, evr])
+    return rows
 
 
 def parse_apt_policy(text, names):

@@ -51,7 +51,7 @@ options:
   package_index:
     description:
       - Also report every package dpkg knows in an installed or config-files state, with its source package
-        (apt systems only; empty elsewhere).
+        (on rpm systems every installed package, with its source RPM's name and its epoch).
     type: bool
     default: false
   apt_sources:
@@ -110,7 +110,8 @@ gpu_facts:
 package_index:
   description: >-
     With I(package_index), one item per package in an installed or config-files state:
-    C([status, source package, package, version]) (status as dpkg's C(db:Status-Status)).
+    C([status, source package, package, version]) (status as dpkg's C(db:Status-Status)); on rpm systems every
+    installed package, its version written C(epoch:version-release) (epoch 0 if it has none).
   returned: always
   type: list
   elements: list
@@ -222,7 +223,11 @@ PACKAGE_INDEX_FORMAT = "${db:Status-Status} ${source:Package} ${Package} ${Versi
 def read_package_index(module):
     dpkg = module.get_bin_path("dpkg-query")
     if not dpkg:
-        return []
+        rpm = module.get_bin_path("rpm")
+        if not rpm:
+            return []
+        query = [rpm, "--query", "--all", "--queryformat=" + node_state.RPM_INDEX_FORMAT]
+        return node_state.parse_rpm_index(_run(module, query))
     out = _run(module, [dpkg, "--show", "--showformat=" + PACKAGE_INDEX_FORMAT])
     rows = [line.split() for line in out.splitlines()]
     return [row for row in rows if len(row) == 4 and row[0] in ("installed", "config-files")]

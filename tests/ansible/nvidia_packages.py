@@ -318,3 +318,53 @@ def package_versions(branch: Branch) -> list[tuple[str, str]]:
 
 def fill(text: str, branch: str, upstream: str, version: str) -> str:
     return text.format(b=branch, u=upstream, v=version)
+
+
+# NVIDIA's CUDA repository for RHEL/Rocky/AlmaLinux 8 and 9: the same driver versions (BRANCHES) as RPMs of
+# the module streams nvidia-driver:<branch>-open / -dkms. No RPM repository is built from this table (none is
+# reachable from the test machine to check it against); the render tests of the role's dnf path read it.
+RHEL = "NVIDIA CUDA repository for RHEL (driver-installation-guide: Red Hat, kernel modules)"
+RHEL_EPOCH = "NVIDIA driver-installation-guide, Version locking (RPMs carry epoch 3)"
+
+
+@dataclass(frozen=True)
+class RpmPackage:
+    """One RPM of a driver version in the CUDA repository for RHEL."""
+
+    name: str
+    source: str  # the source RPM's name
+    epoch: str
+    origin: str
+    modules: str = ""  # "open" or "proprietary" for a kernel module package; "" for both
+    release: str = "1.el{major}"  # {major}: the RHEL major version
+
+
+RPM_PACKAGES: tuple[RpmPackage, ...] = (
+    RpmPackage("nvidia-driver", "nvidia-driver", "3", RHEL + "; epoch: " + RHEL_EPOCH),
+    RpmPackage("nvidia-driver-libs", "nvidia-driver", "3", RHEL + "; epoch: " + RHEL_EPOCH),
+    RpmPackage("nvidia-driver-cuda", "nvidia-driver", "3", RHEL + "; epoch: " + RHEL_EPOCH),
+    RpmPackage(
+        "nvidia-driver-cuda-libs", "nvidia-driver", "3", ASSUMED + " (a dependency the role never names)"
+    ),
+    RpmPackage(
+        "nvidia-kmod-common", "nvidia-kmod-common", "3", ASSUMED + " (a dependency the role never names)"
+    ),
+    RpmPackage("kmod-nvidia-open-dkms", "kmod-nvidia-open-dkms", "3", RHEL, modules="open"),
+    RpmPackage("kmod-nvidia-latest-dkms", "kmod-nvidia-latest-dkms", "3", RHEL, modules="proprietary"),
+    RpmPackage("nvidia-persistenced", "nvidia-persistenced", "3", RHEL + "; epoch: " + RHEL_EPOCH),
+    RpmPackage("nvidia-modprobe", "nvidia-modprobe", "3", RHEL + "; epoch: " + RHEL_EPOCH),
+    # cloud-native-stack playbooks/nvidia-driver.yaml installs nvidia-fabric-manager-<version>-1.
+    RpmPackage(
+        "nvidia-fabric-manager",
+        "nvidia-fabric-manager",
+        "0",
+        "cloud-native-stack playbooks/nvidia-driver.yaml (name, release -1); no epoch: " + ASSUMED,
+        release="1",
+    ),
+)
+
+
+def rpm_version(package: RpmPackage, upstream: str, major: str) -> str:
+    """The package's version as rpm prints it with %{EPOCH}:%{VERSION}-%{RELEASE}."""
+    epoch = package.epoch if package.epoch != "0" else "(none)"
+    return f"{epoch}:{upstream}-{package.release.format(major=major)}"
