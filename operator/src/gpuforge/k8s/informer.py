@@ -256,6 +256,8 @@ class Informer:
             try:
                 await self._list()
                 backoff = 0.0
+                if not self.resource_version:  # a kind not served (a CRD not installed): look again later
+                    await asyncio.sleep(self.max_backoff)
                 while self.resource_version:
                     self.resource_version = await self._watch(self.resource_version)
             except asyncio.CancelledError:

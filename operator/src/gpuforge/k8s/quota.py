@@ -23,6 +23,7 @@ import aiohttp
 from gpuforge.api.gpuquota import API_VERSION as QUOTA_API_VERSION
 from gpuforge.api.gpuquota import KIND as QUOTA_KIND
 from gpuforge.api.gpuquota import PLURAL as QUOTA_PLURAL
+from gpuforge.api.workloadkinds import WORKLOAD_KINDS
 from gpuforge.constants import FIELD_MANAGER
 from gpuforge.k8s.informer import ChangeHandler, Informer, without_managed_fields
 from gpuforge.k8s.transport import (
@@ -63,12 +64,7 @@ class Resource:
 
 
 RESOURCES: Final[dict[str, Resource]] = {
-    "Deployment": Resource("/apis/apps/v1", "deployments", True),
-    "StatefulSet": Resource("/apis/apps/v1", "statefulsets", True),
-    "ReplicaSet": Resource("/apis/apps/v1", "replicasets", True),
-    "Job": Resource("/apis/batch/v1", "jobs", True),
-    "CronJob": Resource("/apis/batch/v1", "cronjobs", True),
-    "Pod": Resource("/api/v1", "pods", True),
+    **{kind.kind: Resource(kind.api_prefix, kind.plural, True) for kind in WORKLOAD_KINDS},
     "Event": Resource("/api/v1", "events", True),
     "Namespace": Resource("/api/v1", "namespaces", False),
     "LimitRange": Resource("/api/v1", "limitranges", True),

@@ -16,6 +16,13 @@ from decimal import Decimal
 from typing import Any, Final
 
 from gpuforge.api.gpuquota import DEVICE_CLASS_KEY_SUFFIX, RESOURCE_CLAIMS_COUNT_KEY, ResourceList
+from gpuforge.api.workloadkinds import (
+    WORKLOAD_KIND_NAMES,
+    Count,
+    PodSet,
+    controller_kind,
+    workload_kind,
+)
 from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL, is_gpu_resource
 from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, unset_resources
 from gpuforge.quota.quantity import QuantityError, parse_quantity
@@ -24,16 +31,9 @@ from gpuforge.quota.quantity import QuantityError, parse_quantity
 ALL_DEVICES_COUNT: Final = 32
 # Aliases ResourceQuota accepts for the requests of these resources.
 _BARE_ALIASES: Final = frozenset({"cpu", "memory", "ephemeral-storage"})
-# Kinds whose objects are charged as a whole; an object controlled by one of them is charged to it.
-WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "CronJob", "Pod")
-# Workload controllers by API group and kind: a `Job` of another group is not a batch Job. A CronJob is
-# not one: each Job it makes (or `kubectl create job --from=cronjob/...` makes) is charged itself.
-CONTROLLER_GROUPS: Final = {
-    "Deployment": "apps",
-    "StatefulSet": "apps",
-    "ReplicaSet": "apps",
-    "Job": "batch",
-}
+# Kinds whose objects are charged as a whole (gpuforge.api.workloadkinds); an object controlled by
+# one of them is charged to it.
+WORKLOAD_KINDS: Final = WORKLOAD_KIND_NAMES
 
 
 class WorkloadError(ValueError):
@@ -264,7 +264,7 @@ def _catalogued(
 
 @dataclass(frozen=True)
 class PodTemplate:
-    """Where a workload keeps its pods: the template's spec, its replica count and field path."""
+    """Where a workload keeps pods: the template's spec, how many run from it, and its field path."""
 
     spec: Mapping[str, Any]
     labels: Mapping[str, str]
@@ -280,37 +280,76 @@ def _replicas(value: object, field: str, default: int = 1) -> int:
     return value
 
 
-def _job_pods(job_spec: Mapping[str, Any], field: str) -> PodTemplate:
-    parallelism = _replicas(job_spec.get("parallelism"), f"{field}.parallelism")
-    completions = job_spec.get("completions")
-    if completions is not None:  # a Job never runs more pods at once than it still needs
-        parallelism = min(parallelism, _replicas(completions, f"{field}.completions"))
-    template = _get(job_spec, "template") or {}
-    return PodTemplate(
-        spec=template.get("spec") or {},
-        labels=_get(template, "metadata.labels") or {},
-        replicas=parallelism,
-        field=f"{field}.template.spec",
-    )
+def _count(root: Mapping[str, Any], count: Count, where: str) -> int:
+    value = _replicas(_get(root, count.path), f"{where}{count.path}", count.default)
+    if count.at_most and _get(root, count.at_most) is not None:
+        value = min(value, _replicas(_get(root, count.at_most), f"{where}{count.at_most}"))
+    return max(value - count.minus, 0)
+
+
+def _template_at(root: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
+    template = _get(root, path) if path else root
+    return template if isinstance(template, Mapping) else None
+
+
+def _items(obj: Mapping[str, Any], pod_set: PodSet) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """The items a pod set walks (the object itself without `each`), each with its field path."""
+    if not pod_set.each:
+        yield obj, ""
+        return
+    value = _get(obj, pod_set.each)
+    if value is None:
+        return
+    if pod_set.each_kind == "map":
+        if not isinstance(value, Mapping) or not all(isinstance(item, Mapping) for item in value.values()):
+            raise WorkloadError(f"{pod_set.each}: expected a map of objects")
+        for key in sorted(value):
+            yield value[key], f"{pod_set.each}.{key}."
+        return
+    for index, item in enumerate(_list(value, pod_set.each)):
+        yield item, f"{pod_set.each}[{index}]."
+
+
+def pod_templates(obj: Mapping[str, Any]) -> list[PodTemplate]:
+    """Every pod template of a workload, with how many pods run from it (gpuforge.api.workloadkinds)."""
+    kind = workload_kind(obj.get("kind"))
+    if kind is None:
+        raise WorkloadError(
+            f"kind: {obj.get('kind')!r} is not a workload gpuforge counts ({', '.join(WORKLOAD_KINDS)})"
+        )
+    templates = []
+    for pod_set in kind.pod_sets:
+        outer = 1
+        for count in pod_set.replicas:
+            outer *= _count(obj, count, "")
+        for item, where in _items(obj, pod_set):
+            path = pod_set.template
+            template = _template_at(item, path)
+            if template is None and pod_set.or_template:
+                path = pod_set.or_template
+                template = _template_at(item, path)
+            if template is None:
+                continue
+            replicas = outer
+            for count in pod_set.item_replicas:
+                replicas *= _count(item, count, where)
+            field = f"{where}{path}.spec" if path else "spec"
+            labels = _get(template, "metadata.labels") if path else labels_of(template)
+            templates.append(
+                PodTemplate(
+                    spec=template.get("spec") or {},
+                    labels=labels if isinstance(labels, Mapping) else {},
+                    replicas=replicas,
+                    field=field,
+                )
+            )
+    return templates
 
 
 def pod_template(obj: Mapping[str, Any]) -> PodTemplate:
-    kind = obj.get("kind")
-    if kind == "Pod":
-        return PodTemplate(obj.get("spec") or {}, _get(obj, "metadata.labels") or {}, 1, "spec")
-    if kind in ("Deployment", "StatefulSet", "ReplicaSet"):
-        template = _get(obj, "spec.template") or {}
-        return PodTemplate(
-            spec=template.get("spec") or {},
-            labels=_get(template, "metadata.labels") or {},
-            replicas=_replicas(_get(obj, "spec.replicas"), "spec.replicas"),
-            field="spec.template.spec",
-        )
-    if kind == "Job":
-        return _job_pods(obj.get("spec") or {}, "spec")
-    if kind == "CronJob":  # one Job at a time (concurrencyPolicy Allow can start more; see docs)
-        return _job_pods(_get(obj, "spec.jobTemplate.spec") or {}, "spec.jobTemplate.spec")
-    raise WorkloadError(f"kind: {kind!r} is not a workload gpuforge counts ({', '.join(WORKLOAD_KINDS)})")
+    """A workload's first pod template (its only one, for most kinds; an empty one if it has none)."""
+    templates = pod_templates(obj)
+    return templates[0] if templates else PodTemplate({}, {}, 0, "spec")
 
 
 def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -325,19 +364,14 @@ class OwnerRef:
     uid: str
 
 
-def api_group(api_version: object) -> str:
-    """`apps/v1` -> `apps`; `v1` (the core group) -> ``."""
-    return str(api_version).rpartition("/")[0] if isinstance(api_version, str) else ""
-
-
 def workload_controller(obj: Mapping[str, Any]) -> OwnerRef | None:
     """The controller reference to a workload controller (group and kind both), if any."""
     for owner in _get(obj, "metadata.ownerReferences") or ():
         if not isinstance(owner, Mapping) or not owner.get("controller"):
             continue
-        kind = owner.get("kind")
-        if isinstance(kind, str) and CONTROLLER_GROUPS.get(kind) == api_group(owner.get("apiVersion")):
-            return OwnerRef(kind, str(owner.get("name") or ""), str(owner.get("uid") or ""))
+        known = controller_kind(owner.get("apiVersion"), owner.get("kind"))
+        if known is not None:
+            return OwnerRef(known.kind, str(owner.get("name") or ""), str(owner.get("uid") or ""))
     return None
 
 
@@ -358,41 +392,52 @@ def charged_to_owner(pod: Mapping[str, Any], owner: Mapping[str, Any] | None) ->
     return quota_label({"kind": ref.kind, **owner}) == str(labels_of(pod).get(QUOTA_LABEL) or "")
 
 
-def _template_labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    if obj.get("kind") not in WORKLOAD_KINDS:
-        return {}
+def _template_quota_labels(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(quota, where) of each pod template (then each extra label place) naming a quota, in order."""
+    kind = workload_kind(obj.get("kind"))
+    if kind is None or obj.get("kind") == "Pod":
+        return []
     try:
-        labels = pod_template(obj).labels
+        templates = pod_templates(obj)
     except WorkloadError:
-        return {}
-    return labels if isinstance(labels, Mapping) else {}
+        return []
+    found = [
+        (str(template.labels[QUOTA_LABEL]), template.field.removesuffix(".spec") + ".metadata.labels")
+        for template in templates
+        if template.labels.get(QUOTA_LABEL)
+    ]
+    for path in kind.label_paths:
+        labels = _get(obj, f"{path}.metadata.labels")
+        if isinstance(labels, Mapping) and labels.get(QUOTA_LABEL):
+            found.append((str(labels[QUOTA_LABEL]), f"{path}.metadata.labels"))
+    return found
 
 
 def quota_label(obj: Mapping[str, Any]) -> str:
-    """The quota a workload names: the `gpuforge.io/quota` label on the object, else the one on its pod
-    template (where people put labels for their pods), for a CronJob else its job template's. With
-    both set the object's wins; admission refuses the two disagreeing (`quota_label_conflict`)."""
+    """The quota a workload names: the `gpuforge.io/quota` label on the object, else the one on its
+    (first labelled) pod template, where people put labels for their pods, for a CronJob else its job
+    template's. With both set the object's wins; admission refuses any two disagreeing
+    (`quota_label_conflict`)."""
     own = labels_of(obj).get(QUOTA_LABEL)
     if own:
         return str(own)
-    template = _template_labels(obj).get(QUOTA_LABEL)
-    if not template and obj.get("kind") == "CronJob":
-        job_labels = _get(obj, "spec.jobTemplate.metadata.labels")
-        template = job_labels.get(QUOTA_LABEL) if isinstance(job_labels, Mapping) else ""
-    return str(template or "")
+    found = _template_quota_labels(obj)
+    return found[0][0] if found else ""
 
 
 def quota_label_conflict(obj: Mapping[str, Any]) -> str:
-    """Why the object's and its pod template's quota labels disagree ("" when they do not)."""
+    """Why the object's and its pod templates' quota labels disagree ("" when they do not)."""
     own = str(labels_of(obj).get(QUOTA_LABEL) or "")
-    template = str(_template_labels(obj).get(QUOTA_LABEL) or "")
-    if not own or not template or own == template or obj.get("kind") == "Pod":
-        return ""
-    where = pod_template(obj).field.removesuffix(".spec") + ".metadata.labels"
-    return (
-        f"label {QUOTA_LABEL} is {own!r} on the {obj.get('kind')} but {template!r} on its pod template "
-        f"({where}); set it in one place, or to the same quota in both"
-    )
+    found = _template_quota_labels(obj)
+    first = (own, f"the {obj.get('kind')}") if own else found[0] if found else ("", "")
+    for quota, where in found:
+        if quota != first[0]:
+            what = first[1] if own else f"its pod template ({first[1]})"
+            return (
+                f"label {QUOTA_LABEL} is {first[0]!r} on {what} but {quota!r} on its pod template "
+                f"({where}); set it in one place, or to the same quota in all"
+            )
+    return ""
 
 
 def cronjob_label_unreached(obj: Mapping[str, Any]) -> str:
@@ -401,7 +446,7 @@ def cronjob_label_unreached(obj: Mapping[str, Any]) -> str:
     if obj.get("kind") != "CronJob" or not labels_of(obj).get(QUOTA_LABEL):
         return ""
     job_labels = _get(obj, "spec.jobTemplate.metadata.labels")
-    if (isinstance(job_labels, Mapping) and job_labels.get(QUOTA_LABEL)) or _template_labels(obj).get(
+    if (isinstance(job_labels, Mapping) and job_labels.get(QUOTA_LABEL)) or pod_template(obj).labels.get(
         QUOTA_LABEL
     ):
         return ""
@@ -415,19 +460,27 @@ def cronjob_label_unreached(obj: Mapping[str, Any]) -> str:
 def takes_gpus(obj: Mapping[str, Any]) -> bool:
     """Whether a workload's pods ask for GPUs: a GPU resource NVIDIA's device plugin advertises, in
     requests or limits of any container, or any DRA claim (its devices are a DeviceClass's, GPUs here)."""
-    template = pod_template(obj)
-    refs = claim_refs(template.spec)
-    if refs.templates or refs.claims:
-        return True
-    resources = {
-        *_pod_resources(template.spec, template.field, 0),
-        *_pod_resources(template.spec, template.field, 1),
-    }
-    return any(is_gpu_resource(name) for name in resources)
+    for template in pod_templates(obj):
+        refs = claim_refs(template.spec)
+        if refs.templates or refs.claims:
+            return True
+        resources = {
+            *_pod_resources(template.spec, template.field, 0),
+            *_pod_resources(template.spec, template.field, 1),
+        }
+        if any(is_gpu_resource(name) for name in resources):
+            return True
+    return False
 
 
 def referenced_claims(obj: Mapping[str, Any]) -> ClaimRefs:
-    return claim_refs(pod_template(obj).spec)
+    templates: set[str] = set()
+    claims: set[str] = set()
+    for template in pod_templates(obj):
+        refs = claim_refs(template.spec)
+        templates |= refs.templates
+        claims |= refs.claims
+    return ClaimRefs(frozenset(templates), frozenset(claims))
 
 
 def gpu_model_of(obj: Mapping[str, Any], template: PodTemplate | None = None) -> str:
@@ -453,15 +506,19 @@ def _finished_job_conditions(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def holds_nothing(obj: Mapping[str, Any]) -> bool:
     """Work that takes nothing from its quota: a Succeeded or Failed Pod, a Job that completed or
-    failed, a suspended Job (its pods are deleted; resuming it is admitted like a create), a CronJob
-    (a schedule: its Jobs are charged as they are created, so a spent budget refuses the next one)."""
+    failed, a suspended workload (its pods are deleted; resuming it is admitted like a create), a
+    CronJob (a schedule: its Jobs are charged as they are created, so a spent budget refuses the next
+    one)."""
     kind = obj.get("kind")
     if kind == "CronJob":
         return True
     if kind == "Pod":
         return _get(obj, "status.phase") in TERMINAL_POD_PHASES
+    known = workload_kind(kind)
+    if known is not None and known.suspend_path and _get(obj, known.suspend_path) is True:
+        return True
     if kind == "Job":
-        return _get(obj, "spec.suspend") is True or bool(_finished_job_conditions(obj))
+        return bool(_finished_job_conditions(obj))
     return False
 
 
@@ -476,6 +533,22 @@ def finish_status(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _scaled_to(obj: Mapping[str, Any], replicas: int) -> Mapping[str, Any]:
+    """`obj` with its replica count (the scale subresource's field) set to `replicas`."""
+    kind = workload_kind(obj.get("kind"))
+    if kind is None or not kind.scale_path:
+        raise WorkloadError(f"kind: {obj.get('kind')!r} has no scale subresource")
+    *parents, last = kind.scale_path.split(".")
+    scaled: dict[str, Any] = dict(obj)
+    current = scaled
+    for part in parents:
+        inner = current.get(part)
+        current[part] = dict(inner) if isinstance(inner, Mapping) else {}
+        current = current[part]
+    current[last] = replicas
+    return scaled
+
+
 def workload_usage(
     obj: Mapping[str, Any],
     catalog: ClaimCatalog | None = None,
@@ -484,36 +557,48 @@ def workload_usage(
     strict_claims: bool = True,
     defaults: ContainerDefaults | None = None,
 ) -> WorkloadUsage:
-    """Whole usage of a workload object; `replicas` overrides the object's (the scale subresource);
-    `defaults` are the namespace's LimitRange defaults, filled in as the API server will for its pods."""
-    template = pod_template(obj)
-    if defaults:
-        template = replace(template, spec=apply_defaults(template.spec, defaults))
-    count = template.replicas if replicas is None else replicas
-    if holds_nothing(obj):
-        count = 0
-    per_pod, shared = pod_usage(
-        template.spec,
-        gpu_model=gpu_model_of(obj, template),
-        catalog=catalog,
-        field=template.field,
-        strict_claims=strict_claims,
-    )
+    """Whole usage of a workload object, all its pod templates together; `replicas` overrides the
+    object's replica count (the scale subresource); `defaults` are the namespace's LimitRange defaults,
+    filled in as the API server will for its pods. Named ResourceClaims are shared: each counts once."""
+    if replicas is not None:
+        obj = _scaled_to(obj, replicas)
+    idle = holds_nothing(obj)
     total: dict[str, Decimal] = {}
-    add(total, per_pod, count)
-    if count:
-        add(total, shared)
+    pods = 0
+    shared_claims: set[str] = set()
+    unset: dict[str, tuple[str, ...]] = {}
+    for template in pod_templates(obj):
+        if defaults:
+            template = replace(template, spec=apply_defaults(template.spec, defaults))
+        count = 0 if idle else template.replicas
+        per_pod, _ = pod_usage(
+            template.spec,
+            gpu_model=gpu_model_of(obj, template),
+            catalog=catalog,
+            field=template.field,
+            strict_claims=strict_claims,
+        )
+        add(total, per_pod, count)
+        pods += count
+        if count:
+            shared_claims |= claim_refs(template.spec).claims
+        for key, containers in unset_resources(template.spec).items():
+            unset[key] = (*unset.get(key, ()), *containers)
+    for claim in _catalogued(
+        shared_claims, (catalog or ClaimCatalog()).claims, "ResourceClaim", "spec", strict_claims
+    ):
+        add(total, claim)
     metadata = obj.get("metadata") or {}
     return WorkloadUsage(
         kind=str(obj.get("kind")),
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),
         quota=quota_label(obj),
-        replicas=count,
+        replicas=pods,
         usage={key: amount for key, amount in total.items() if amount},
         generation=generation_of(obj),
         uid=str(metadata.get("uid") or ""),
-        unset=unset_resources(template.spec),
+        unset=unset,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from gpuforge.api.gpuquota import KIND, PLURAL, GpuQuota
+from gpuforge.api.workloadkinds import WORKLOAD_KINDS as KIND_TABLE
 from gpuforge.constants import GROUP, QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, Informer, QuotaApi
 from gpuforge.quota.admission import (
@@ -70,7 +71,8 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 # An admitted object is stored within this long (webhook timeout 5 s + --persist-seconds 5 s).
 UNSTORED_SECONDS = 10.0
-SCALE_KINDS = {"deployments": "Deployment", "statefulsets": "StatefulSet", "replicasets": "ReplicaSet"}
+# Workload kinds by the plural of their scale subresource (`deployments/scale`, `rollouts/scale`, ...).
+SCALE_KINDS = {kind.plural: kind.kind for kind in KIND_TABLE if kind.scale_path}
 
 
 def utc_now() -> datetime:
@@ -238,8 +240,8 @@ class AdmissionHandlers:
         return workload_usage(obj, catalog, replicas=replicas, strict_claims=strict, defaults=defaults)
 
     async def workloads(self, request: AdmissionRequest) -> Decision:
-        """CREATE/UPDATE of a Deployment, StatefulSet, ReplicaSet, Job, CronJob or Pod, and a pod's
-        resize (`pods/resize`, which changes a running pod's requests in place)."""
+        """CREATE/UPDATE of a workload of a kind in gpuforge.api.workloadkinds, and a pod's resize
+        (`pods/resize`, which changes a running pod's requests in place)."""
         unnamed = await self.required(request)
         if unnamed is not None:
             return unnamed
@@ -335,7 +337,7 @@ class AdmissionHandlers:
         return await self.api.get_object(kind, request.namespace, request.name)
 
     async def scale(self, request: AdmissionRequest) -> Decision:
-        """UPDATE of deployments/scale, statefulsets/scale, replicasets/scale (kubectl scale, HPA)."""
+        """UPDATE of a workload's scale subresource, `deployments/scale` and the like (kubectl scale, HPA)."""
         kind = SCALE_KINDS.get(request.resource)
         if kind is None or request.sub_resource != "scale" or request.object is None:
             return Allowed()
