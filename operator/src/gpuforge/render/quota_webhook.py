@@ -30,6 +30,7 @@ from gpuforge import __version__
 from gpuforge.api.gpuquota import CRD_NAME as GPUQUOTA_CRD_NAME
 from gpuforge.api.gpuquota import PLURAL as GPUQUOTA_PLURAL
 from gpuforge.api.gpustack import Condition, FailurePolicy, GpuStack
+from gpuforge.api.workloadkinds import plurals_by_group
 from gpuforge.constants import (
     COMPONENT_LABEL,
     COMPONENT_QUOTA_WEBHOOK,
@@ -202,9 +203,7 @@ WEBHOOK_RULES: Final = (
     _rule(GROUP, [GPUQUOTA_PLURAL], ["get", "list", "watch"]),
     _rule(GROUP, [f"{GPUQUOTA_PLURAL}/status"], ["update"]),
     # Labelled workloads (informers: list, watch; the scale webhook gets the workload it scales).
-    _rule("apps", ["deployments", "statefulsets", "replicasets"], ["get", "list", "watch"]),
-    _rule("batch", ["jobs", "cronjobs"], ["get", "list", "watch"]),
-    _rule("", ["pods"], ["get", "list", "watch"]),
+    *(_rule(group, plurals, ["get", "list", "watch"]) for group, plurals in plurals_by_group()),
     # Namespaces' labels: which namespaces may charge a quota (informer; get for one not cached yet).
     _rule("", ["namespaces"], ["get", "list", "watch"]),
     # LimitRanges' container defaults, counted as the pods will get them (informer).

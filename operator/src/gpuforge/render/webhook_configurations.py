@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from gpuforge.api.workloadkinds import WORKLOAD_KINDS, WorkloadKind, plurals_by_group
 from gpuforge.constants import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, QUOTA_LABEL, QUOTA_REQUIRED_LABEL
 
 WORKLOADS_PATH: Final = "/validate-workloads"
@@ -54,26 +55,64 @@ class ClientTarget:
         return config
 
 
-# CEL: only objects labelled on themselves or on their pod template (Jobs of a CronJob: on the Job
-# template's pod template), and not those a workload controller made (charged to their owner), by group
-# and kind. Pods always come: the webhook checks that the controller a pod names exists.
-def _has_label(path: str) -> str:
-    """CEL: the object at `path` carries the quota label; each step is tested, since selecting a field
-    that is absent is an error (and an error in a matchCondition fails the request)."""
-    parts = f"{path}.metadata.labels".split(".")
-    steps = [f"has({'.'.join(parts[: index + 1])})" for index in range(1, len(parts))]
-    return f"({' && '.join(steps)} && '{QUOTA_LABEL}' in {path}.metadata.labels)"
+# CEL: only objects labelled on themselves or on one of their pod templates (gpuforge.api.workloadkinds;
+# Jobs of a CronJob: on the Job template or its pod template), and not those a workload controller made
+# (charged to their owner), by group and kind. Pods always come: the webhook checks that the controller a
+# pod names exists.
+def _has_steps(base: str, path: str) -> list[str]:
+    """CEL tests that each field on `path` below `base` is set: selecting an absent field is an error
+    (and an error in a matchCondition fails the request)."""
+    parts = path.split(".") if path else []
+    return [f"has({'.'.join([base, *parts[: index + 1]])})" for index in range(len(parts))]
 
 
-_LABELLED = " || ".join(
-    _has_label(path) for path in ("object", "object.spec.template", "object.spec.jobTemplate.spec.template")
-)
+def _labelled_at(base: str, path: str, depth: int = 0) -> str:
+    """CEL: the template at `path` below `base` carries the quota label. `[]` in the path walks each
+    item of a list, `{}` each value of a map."""
+    cut = min((path.find(marker) for marker in ("[]", "{}") if marker in path), default=-1)
+    if cut < 0:
+        target = f"{base}.{path}" if path else base
+        steps = _has_steps(base, f"{path}.metadata.labels" if path else "metadata.labels")
+        return f"({' && '.join(steps)} && '{QUOTA_LABEL}' in {target}.metadata.labels)"
+    head, marker, rest = path[:cut], path[cut : cut + 2], path[cut + 2 :].removeprefix(".")
+    collection, var = f"{base}.{head}", f"i{depth}"
+    item = var if marker == "[]" else f"{collection}[{var}]"
+    inner = _labelled_at(item, rest, depth + 1)
+    return f"({' && '.join(_has_steps(base, head))} && {collection}.exists({var}, {inner}))"
+
+
+def _label_paths(kinds: tuple[WorkloadKind, ...]) -> list[str]:
+    paths: list[str] = [""]  # the object itself
+    for kind in kinds:
+        for path in (*kind.template_paths(), *kind.label_paths):
+            if path not in paths:
+                paths.append(path)
+    return paths
+
+
+_LABELLED = " || ".join(_labelled_at("object", path) for path in _label_paths(WORKLOAD_KINDS))
+
+
+def _controllers(kinds: tuple[WorkloadKind, ...]) -> str:
+    """CEL: an owner reference `o` names a workload controller (group and kind both)."""
+    groups: dict[str, list[str]] = {}
+    for kind in kinds:
+        if kind.controls:
+            groups.setdefault(kind.group, []).append(f"'{kind.kind}'")
+    return " || ".join(
+        f"({_in_group(group)} && o.kind in [{', '.join(names)}])" for group, names in groups.items()
+    )
+
+
+def _in_group(group: str) -> str:
+    """CEL: the owner reference `o` is of `group` (the core group's apiVersion is just `v1`)."""
+    return f"o.apiVersion.startsWith('{group}/')" if group else "!o.apiVersion.contains('/')"
+
+
 _NOT_CONTROLLED = (
     "request.resource.resource == 'pods' || "
     "!has(object.metadata.ownerReferences) || !object.metadata.ownerReferences.exists(o, "
-    "has(o.controller) && o.controller && ("
-    "(o.apiVersion.startsWith('apps/') && o.kind in ['Deployment', 'StatefulSet', 'ReplicaSet']) || "
-    "(o.apiVersion.startsWith('batch/') && o.kind == 'Job')))"
+    f"has(o.controller) && o.controller && ({_controllers(WORKLOAD_KINDS)}))"
 )
 # The same without the exception for pods: an unlabelled pod that a controller made is checked as its
 # controller was.
@@ -86,16 +125,34 @@ _POD_RELABELLED = (
     "oldObject.metadata.labels['" + QUOTA_LABEL + "'] != object.metadata.labels['" + QUOTA_LABEL + "']"
 )
 
-# An update that only lowers replicas (pod template and labels as they were) takes nothing more: it
+
+def _scaled_spec_fields(kinds: tuple[WorkloadKind, ...]) -> list[str]:
+    """The spec fields holding the pod templates of kinds with a scale subresource (`spec.template`,
+    LeaderWorkerSet's `spec.leaderWorkerTemplate`)."""
+    fields: list[str] = []
+    for kind in kinds:
+        if kind.scale_path:
+            for path in kind.template_paths():
+                top = ".".join(path.split(".")[:2])
+                if top not in fields:
+                    fields.append(top)
+    return fields
+
+
+def _unchanged_or(field: str) -> str:
+    new, old = f"object.{field}", f"oldObject.{field}"
+    return f"(has({new}) ? {new} : {{}}) != (has({old}) ? {old} : {{}})"
+
+
+# An update that only lowers replicas (pod templates and labels as they were) takes nothing more: it
 # need not reach the webhook, so an outage never holds up a scale-down. Pods, Jobs and CronJobs have
 # no spec.replicas and always come.
-_NOT_A_SCALE_DOWN = (
-    "request.operation != 'UPDATE' || !has(object.spec.replicas) || !has(oldObject.spec.replicas) || "
-    "object.spec.replicas >= oldObject.spec.replicas || "
-    "(has(object.spec.template) ? object.spec.template : {}) != "
-    "(has(oldObject.spec.template) ? oldObject.spec.template : {}) || "
-    "(has(object.metadata.labels) ? object.metadata.labels : {}) != "
-    "(has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})"
+_NOT_A_SCALE_DOWN = " || ".join(
+    (
+        "request.operation != 'UPDATE' || !has(object.spec.replicas) || !has(oldObject.spec.replicas)",
+        "object.spec.replicas >= oldObject.spec.replicas",
+        *(_unchanged_or(field) for field in (*_scaled_spec_fields(WORKLOAD_KINDS), "metadata.labels")),
+    )
 )
 # A Scale object carries no labels, so every scale comes to the webhook, but only one that raises the
 # replicas (a Scale with 0 replicas omits the field).
@@ -167,8 +224,7 @@ def render_webhook_configurations(
         target,
         WORKLOADS_PATH,
         [
-            _rule("apps", ["deployments", "statefulsets", "replicasets"], ["CREATE", "UPDATE"]),
-            _rule("batch", ["jobs", "cronjobs"], ["CREATE", "UPDATE"]),
+            *_workload_rules(["CREATE", "UPDATE"]),
             _rule("", ["pods"], ["CREATE", "UPDATE"]),  # UPDATE: a relabel to another quota
             _rule("", ["pods/resize"], ["UPDATE"]),  # requests changed in place
         ],
@@ -189,8 +245,7 @@ def render_webhook_configurations(
         target,
         WORKLOADS_PATH,
         [
-            _rule("apps", ["deployments", "statefulsets", "replicasets"], ["CREATE", "UPDATE"]),
-            _rule("batch", ["jobs", "cronjobs"], ["CREATE", "UPDATE"]),
+            *_workload_rules(["CREATE", "UPDATE"]),
             _rule("", ["pods"], ["CREATE"]),
         ],
         failure_policy,
@@ -205,7 +260,10 @@ def render_webhook_configurations(
         f"scale.quota.{GROUP}",
         target,
         SCALE_PATH,
-        [_rule("apps", ["deployments/scale", "statefulsets/scale", "replicasets/scale"], ["UPDATE"])],
+        [
+            _rule(group, [f"{plural}/scale" for plural in plurals], ["UPDATE"])
+            for group, plurals in plurals_by_group(tuple(kind for kind in WORKLOAD_KINDS if kind.scale_path))
+        ],
         failure_policy,
         timeout_seconds,
         namespaceSelector=_namespace_selector(excluded),
@@ -225,6 +283,11 @@ def render_webhook_configurations(
     ]
 
 
+def _workload_rules(operations: list[str]) -> list[dict[str, Any]]:
+    """One rule per API group of the workload kinds but pods (whose rules differ per webhook)."""
+    return [_rule(group, plurals, operations) for group, plurals in plurals_by_group() if group]
+
+
 def _rule(
     group: str, resources: list[str], operations: list[str], scope: str = "Namespaced"
 ) -> dict[str, Any]:
@@ -232,7 +295,7 @@ def _rule(
         "apiGroups": [group],
         "apiVersions": ["*"],
         "resources": resources,
-        "operations": operations,
+        "operations": list(operations),
         "scope": scope,
     }
 

@@ -251,7 +251,8 @@ def test_configurations_are_narrow() -> None:
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert {"kube-system", "gpuforge"} <= set(excluded)
     assert "gpuforge.io/quota" in hook["matchConditions"][0]["expression"]
-    assert hook["rules"][2] == {
+    rules = {rule["resources"][0]: rule for rule in hook["rules"]}
+    assert rules["pods"] == {
         "apiGroups": [""],
         "apiVersions": ["*"],
         "resources": ["pods"],
@@ -263,7 +264,21 @@ def test_configurations_are_narrow() -> None:
     assert "oldObject.metadata.labels" in conditions["pod-quota-changed"]
     assert "object.spec.replicas >= oldObject.spec.replicas" in conditions["not-a-scale-down"]
     assert scale["rules"][0]["resources"] == ["deployments/scale", "statefulsets/scale", "replicasets/scale"]
-    assert hook["rules"][3]["resources"] == ["pods/resize"]
+    assert [rule["resources"] for rule in scale["rules"][1:]] == [
+        ["leaderworkersets/scale"],
+        ["rollouts/scale"],
+    ]
+    assert rules["pods/resize"]["operations"] == ["UPDATE"]
+    # Every kind of the workload table comes, each by its own group.
+    assert rules["jobsets"]["apiGroups"] == ["jobset.x-k8s.io"]
+    assert rules["rayclusters"]["resources"] == ["rayclusters", "rayjobs"]
+    assert {"leaderworkersets", "pytorchjobs", "rollouts"} <= set(rules)
+    assert (
+        "o.apiVersion.startsWith('kubeflow.org/') && o.kind in ['PyTorchJob']"
+        in conditions["not-owned-by-a-workload"]
+    )
+    assert "object.spec.pytorchReplicaSpecs.exists(i0" in conditions["labelled-for-quota"]
+    assert "object.spec.replicatedJobs.exists(i0, (has(i0.template)" in conditions["labelled-for-quota"]
     assert "object.spec.template.metadata.labels" in conditions["labelled-for-quota"]
     # Only namespaces that require a quota send objects naming none.
     assert required["namespaceSelector"]["matchLabels"] == {"gpuforge.io/quota-required": "true"}
