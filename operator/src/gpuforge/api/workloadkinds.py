@@ -203,6 +203,8 @@ WORKLOAD_KINDS: Final[tuple[WorkloadKind, ...]] = (
                 item_replicas=(Count("replicas"),),
             ),
         ),
+        # Its scale subresource sets the Worker replicas (the training operator's CRD says so).
+        scale_path="spec.pytorchReplicaSpecs.Worker.replicas",
         suspend_path="spec.runPolicy.suspend",
     ),
     WorkloadKind(

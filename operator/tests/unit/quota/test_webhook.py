@@ -266,6 +266,7 @@ def test_configurations_are_narrow() -> None:
     assert scale["rules"][0]["resources"] == ["deployments/scale", "statefulsets/scale", "replicasets/scale"]
     assert [rule["resources"] for rule in scale["rules"][1:]] == [
         ["leaderworkersets/scale"],
+        ["pytorchjobs/scale"],
         ["rollouts/scale"],
     ]
     assert rules["pods/resize"]["operations"] == ["UPDATE"]

@@ -254,7 +254,9 @@ def test_a_suspended_workload_holds_nothing(workload: dict[str, Any], path: str)
     assert workload_usage(workload).usage.get(GPU) is None
 
 
-@pytest.mark.parametrize(("workload", "gpus"), [(lws(replicas=1), 14), (rollout(replicas=1), 2)])
+@pytest.mark.parametrize(
+    ("workload", "gpus"), [(lws(replicas=1), 14), (rollout(replicas=1), 2), (pytorch_job(workers=1), 5)]
+)
 def test_scale_sets_the_replica_count_of_kinds_with_a_scale_subresource(
     workload: dict[str, Any], gpus: int
 ) -> None:
