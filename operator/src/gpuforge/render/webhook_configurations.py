@@ -127,13 +127,13 @@ _POD_RELABELLED = (
 
 
 def _scaled_spec_fields(kinds: tuple[WorkloadKind, ...]) -> list[str]:
-    """The spec fields holding the pod templates of kinds with a scale subresource (`spec.template`,
-    LeaderWorkerSet's `spec.leaderWorkerTemplate`)."""
+    """The spec fields holding the pod templates of kinds scaled by `spec.replicas` (`spec.template`,
+    LeaderWorkerSet's `spec.leaderWorkerTemplate`): the condition below reads that field."""
     fields: list[str] = []
     for kind in kinds:
-        if kind.scale_path:
+        if kind.scale_path == "spec.replicas":
             for path in kind.template_paths():
-                top = ".".join(path.split(".")[:2])
+                top = ".".join(path.replace("[]", "").replace("{}", "").split(".")[:2])
                 if top not in fields:
                     fields.append(top)
     return fields
