@@ -68,6 +68,8 @@ RESOURCES: Final[dict[str, Resource]] = {
     "Event": Resource("/api/v1", "events", True),
     "Namespace": Resource("/api/v1", "namespaces", False),
     "LimitRange": Resource("/api/v1", "limitranges", True),
+    # Which DeviceClass serves which extended resource (DRA's extended resource mapping, from 1.34).
+    "DeviceClass": Resource("/apis/resource.k8s.io/v1", "deviceclasses", False),
     QUOTA_KIND: Resource(f"/apis/{QUOTA_API_VERSION}", QUOTA_PLURAL, False),
     "ValidatingWebhookConfiguration": Resource(
         "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False

@@ -24,6 +24,7 @@ from gpuforge.api.workloadkinds import (
     workload_kind,
 )
 from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL, is_gpu_resource
+from gpuforge.quota.draextended import DeviceClassMap, claim_charges, pod_charges
 from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, unset_resources
 from gpuforge.quota.quantity import QuantityError, parse_quantity
 
@@ -211,6 +212,8 @@ class ClaimCatalog:
 
     templates: Mapping[str, ResourceList] = field(default_factory=dict)
     claims: Mapping[str, ResourceList] = field(default_factory=dict)
+    # Which DeviceClass serves which extended resource (cluster-wide).
+    device_classes: DeviceClassMap = field(default_factory=DeviceClassMap)
 
 
 def pod_usage(
@@ -232,20 +235,29 @@ def pod_usage(
             add(per_pod, {resource: amount})
     for resource, amount in limits.items():
         add(per_pod, {f"limits.{resource}": amount})
-    if gpu_model:
-        for prefix in ("requests.", "limits."):
-            generic = f"{prefix}{GPU_RESOURCE}"
-            if generic in per_pod:
-                per_pod[f"{generic}.{gpu_model}"] = per_pod[generic]
+    add(per_pod, pod_charges(requests, catalog.device_classes))  # DRA-served extended resources
     refs = claim_refs(pod_spec)
     shared: dict[str, Decimal] = {}
     for template in _catalogued(
         refs.templates, catalog.templates, "ResourceClaimTemplate", field, strict_claims
     ):
         add(per_pod, template)
+        add(per_pod, claim_charges(template, catalog.device_classes))
     for claim in _catalogued(refs.claims, catalog.claims, "ResourceClaim", field, strict_claims):
         add(shared, claim)
-    return per_pod, shared
+        add(shared, claim_charges(claim, catalog.device_classes))
+    return _with_model(per_pod, gpu_model), _with_model(shared, gpu_model)
+
+
+def _with_model(usage: dict[str, Decimal], gpu_model: str) -> dict[str, Decimal]:
+    """The per-model keys of a model's GPUs, whether asked for by name or through a DeviceClass that
+    names `nvidia.com/gpu` (charged on top of the generic keys)."""
+    if gpu_model:
+        for prefix in ("requests.", "limits."):
+            generic = f"{prefix}{GPU_RESOURCE}"
+            if generic in usage:
+                usage[f"{generic}.{gpu_model}"] = usage[generic]
+    return usage
 
 
 def _catalogued(
@@ -584,10 +596,12 @@ def workload_usage(
             shared_claims |= claim_refs(template.spec).claims
         for key, containers in unset_resources(template.spec).items():
             unset[key] = (*unset.get(key, ()), *containers)
-    for claim in _catalogued(
-        shared_claims, (catalog or ClaimCatalog()).claims, "ResourceClaim", "spec", strict_claims
-    ):
-        add(total, claim)
+    catalog = catalog or ClaimCatalog()
+    shared: dict[str, Decimal] = {}
+    for claim in _catalogued(shared_claims, catalog.claims, "ResourceClaim", "spec", strict_claims):
+        add(shared, claim)
+        add(shared, claim_charges(claim, catalog.device_classes))
+    add(total, _with_model(shared, gpu_model_of(obj, pod_template(obj))))
     metadata = obj.get("metadata") or {}
     return WorkloadUsage(
         kind=str(obj.get("kind")),

@@ -212,6 +212,8 @@ WEBHOOK_RULES: Final = (
     _rule("authorization.k8s.io", ["subjectaccessreviews"], ["create"]),
     # Devices asked for through DRA: claim templates and claims a workload references.
     _rule("resource.k8s.io", ["resourceclaims", "resourceclaimtemplates"], ["get", "list"]),
+    # DeviceClasses' extended resource names: which GPUs asked for by name DRA may serve (informer).
+    _rule("resource.k8s.io", ["deviceclasses"], ["list", "watch"]),
     # BudgetExhausted and denial events on GpuQuotas.
     _rule("", ["events"], ["create"]),
     # Leader election of the usage controller: one replica writes recomputed usage (webhook.leader).

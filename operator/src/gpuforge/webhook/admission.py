@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from gpuforge.quota.admission import (
     root_denied,
 )
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object
+from gpuforge.quota.draextended import DeviceClassMap
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults
 from gpuforge.quota.tenancy import admit_namespace, needs_labels, quota_required
@@ -146,6 +147,8 @@ class AdmissionHandlers:
     namespaces: Informer | None = None
     # A namespace's LimitRange defaults (watch-fed), filled into templates before they are counted.
     container_defaults: Callable[[str], ContainerDefaults] = lambda _namespace: ContainerDefaults()
+    # Which DeviceClass serves which extended resource (watch-fed), charged both ways.
+    device_classes: Callable[[], DeviceClassMap] = DeviceClassMap
 
     @property
     def ledger(self) -> Ledger:
@@ -235,7 +238,9 @@ class AdmissionHandlers:
     async def _usage(
         self, request: AdmissionRequest, obj: Mapping[str, Any], *, replicas: int | None = None, strict: bool
     ) -> WorkloadUsage:
-        catalog = await claim_catalog(self.api, request.namespace, obj)
+        catalog = replace(
+            await claim_catalog(self.api, request.namespace, obj), device_classes=self.device_classes()
+        )
         defaults = self.container_defaults(request.namespace)
         return workload_usage(obj, catalog, replicas=replicas, strict_claims=strict, defaults=defaults)
 

@@ -37,6 +37,7 @@ from gpuforge.constants import QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi, without_managed_fields
 from gpuforge.quota.admission import charged_to_parent
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, remaining, used_from_object
+from gpuforge.quota.draextended import DeviceClassMap, device_class_map
 from gpuforge.quota.leader import Role
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults, container_defaults
@@ -91,6 +92,7 @@ def _key(obj: Obj, kind: str | None = None) -> tuple[str, str, str]:
 
 NAMESPACE = "Namespace"
 LIMIT_RANGE = "LimitRange"
+DEVICE_CLASS = "DeviceClass"
 BY_NAMESPACE = "namespace"
 BY_QUOTA = "quota"  # the workload caches' index: the quota a workload is charged to
 # A pass gives waiting admissions the loop after this many workloads, however many there are.
@@ -192,6 +194,8 @@ class UsageController:
     namespaces: Informer = field(init=False)
     # LimitRanges: their container defaults are counted as the pods will get them.
     limit_ranges: Informer = field(init=False)
+    # DeviceClasses: which of them serves an extended resource (DRA), charged both ways.
+    device_classes: Informer = field(init=False)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # Quotas an event may have changed since the last pass: a pass after events recomputes only these
     # (and quotas holding reservations); a pass after a quiet period (resync, accrual) recomputes all.
@@ -213,6 +217,8 @@ class UsageController:
         self.limit_ranges = Informer(
             self.api, LIMIT_RANGE, transform=without_managed_fields, indexes={BY_NAMESPACE: _namespace_of}
         )
+        self.device_classes = Informer(self.api, DEVICE_CLASS, transform=without_managed_fields)
+        self.device_classes.listeners.append(self._device_classes_changed)
         self._workloads = {
             kind: Informer(
                 self.api,
@@ -232,6 +238,18 @@ class UsageController:
     def container_defaults(self, namespace: str) -> ContainerDefaults:
         """The LimitRange defaults of `namespace`, from the watch cache."""
         return container_defaults(self.limit_ranges.store.indexed(BY_NAMESPACE, [namespace]))
+
+    def device_class_map(self) -> DeviceClassMap:
+        """Which DeviceClass serves which extended resource, from the watch cache."""
+        return device_class_map(self.device_classes.store.values())
+
+    def _device_classes_changed(self, _event_type: str, _obj: Obj) -> None:
+        self._usages.clear()  # usage remembered by resourceVersion may charge another class now
+        self._dirty_quotas.update(self.ledger.names() if self.leadership.holds_ledger() else ())
+        self.poke()
+
+    def _catalog_of(self, snap: Snapshot, namespace: str) -> ClaimCatalog:
+        return replace(snap.catalogs.get(namespace) or ClaimCatalog(), device_classes=self.device_class_map())
 
     @property
     def workload_caches(self) -> Mapping[str, Informer]:
@@ -320,6 +338,7 @@ class UsageController:
         self._tasks[KIND] = asyncio.create_task(self.quotas.run())
         self._tasks[NAMESPACE] = asyncio.create_task(self.namespaces.run())
         self._tasks[LIMIT_RANGE] = asyncio.create_task(self.limit_ranges.run())
+        self._tasks[DEVICE_CLASS] = asyncio.create_task(self.device_classes.run())
         try:
             await self.quotas.synced.wait()
             while True:
@@ -573,7 +592,7 @@ class UsageController:
                 per_pod, _ = pod_usage(
                     pod.get("spec") or {},
                     gpu_model=gpu_model_of(root, pod_template(root)),
-                    catalog=snap.catalogs.get(namespace),
+                    catalog=self._catalog_of(snap, namespace),
                     strict_claims=False,
                 )
             except WorkloadError:
@@ -615,7 +634,7 @@ class UsageController:
                 try:
                     usage = workload_usage(
                         obj,
-                        snap.catalogs.get(key[1]),
+                        self._catalog_of(snap, key[1]),
                         strict_claims=False,
                         defaults=self.container_defaults(key[1]),
                     )

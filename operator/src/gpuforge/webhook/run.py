@@ -171,6 +171,7 @@ async def running_webhook(
             clock,
             namespaces=controller.namespaces,
             container_defaults=controller.container_defaults,
+            device_classes=controller.device_class_map,
         )
         elect = options.leader_elect if options.leader_elect is not None else not options.register
         identity = default_identity()
