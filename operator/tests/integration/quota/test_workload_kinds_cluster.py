@@ -225,3 +225,32 @@ def test_what_a_workload_makes_is_not_charged_again(
     with pytest.raises(client.ApiException, match="only 0 is left"):
         core.create_namespaced_pod(namespace, stray)
     assert quotas.used("team") == "12"
+
+
+@pytest.mark.parametrize(("kind", "plural", "group", "version"), [
+    ("LeaderWorkerSet", "leaderworkersets", "leaderworkerset.x-k8s.io", "v1"),
+    ("Rollout", "rollouts", "argoproj.io", "v1alpha1"),
+])  # fmt: skip
+def test_scaling_a_workload_of_another_project_is_checked_whole(
+    kind: str, plural: str, group: str, version: str, objects: Objects, quotas: Quotas
+) -> None:
+    """`kubectl scale` (the scale subresource of their CRDs) grows the whole object: refused when the
+    growth does not fit, admitted and counted when it does."""
+    _, _, _, _, whole = KINDS[kind](1)
+    replicas = 2 if kind == "LeaderWorkerSet" else 3  # as KINDS makes them
+    per_replica = whole // replicas
+    quotas.create("team", {GPU: whole + per_replica})
+    team = quotas.name("team")
+    assert objects.create(kind, "w", team, 1)[0] == "admitted"
+    wait_for(f"the {kind} to be counted", lambda: quotas.used("team") == str(whole))
+
+    def scale(to: int) -> None:
+        body = {"spec": {"replicas": to}}
+        objects.custom.patch_namespaced_custom_object_scale(
+            group, version, objects.namespace, plural, "w", body
+        )
+
+    with pytest.raises(client.ApiException, match=f"only {per_replica} is left"):
+        scale(replicas + 2)
+    scale(replicas + 1)
+    wait_for(f"the scaled {kind} to be counted", lambda: quotas.used("team") == str(whole + per_replica))

@@ -250,3 +250,21 @@ def test_pod_readiness_and_deletion_wake_the_operator() -> None:
     assert not relevant("MODIFIED", running)
     deleting = {**running, "metadata": {**running["metadata"], "deletionTimestamp": "now"}}
     assert relevant("MODIFIED", deleting)
+
+
+async def test_a_kind_not_served_is_listed_again_after_a_back_off_not_at_once() -> None:
+    """A CRD not installed lists as nothing (404): the cache is synced and empty, and the kind is looked
+    at again after `max_backoff`, so installing the CRD later needs no restart."""
+    source = ScriptedSource(lists=[([], ""), ([obj("a", "1")], "5")], watches=[])
+    informer = Informer(source, "JobSet", max_backoff=0.2)
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.sleep(0.1)
+        assert informer.synced.is_set() and informer.store.values() == [] and informer.lists == 1
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if informer.get("a") is not None:
+                break
+        assert informer.lists == 2 and informer.get("a") is not None
+    finally:
+        task.cancel()
