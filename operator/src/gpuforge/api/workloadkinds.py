@@ -57,10 +57,6 @@ class WorkloadKind:
     label_paths: tuple[str, ...] = ()
 
     @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
     def api_prefix(self) -> str:
         return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
 
@@ -68,9 +64,8 @@ class WorkloadKind:
         """Every pod template path, `each` items written `<each>[]` (list) or `<each>{}` (map)."""
         paths: list[str] = []
         for pod_set in self.pod_sets:
-            for template in (pod_set.template, pod_set.or_template):
-                if not template and pod_set.template:
-                    continue
+            # `or_template` when set; "" is a path (the object itself) only as `template`.
+            for template in dict.fromkeys((pod_set.template, pod_set.or_template or pod_set.template)):
                 if pod_set.each:
                     marker = "[]" if pod_set.each_kind == "list" else "{}"
                     template = f"{pod_set.each}{marker}.{template}"
