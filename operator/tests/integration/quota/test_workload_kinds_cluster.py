@@ -175,6 +175,12 @@ def test_a_workload_of_another_project_is_admitted_whole_or_refused_whole(
     answer, gpus = objects.create(kind, "fits", team, 2)
     assert answer == "admitted"
     wait_for(f"the {kind} to be counted whole", lambda: quotas.used("team") == str(gpus))
+
+    def counted_from_the_object() -> bool:  # the usage controller saw it: no reservation holds it
+        status = quotas.get("team").get("status") or {}
+        return not status.get("reservations") and quotas.used("team") == str(gpus)
+
+    wait_for(f"the usage controller to count the {kind}", counted_from_the_object, timeout=90)
     # One GPU is left; a second object asks for more than that, so none of it is admitted.
     answer, gpus = objects.create(kind, "too-big", team, 1)
     assert f'GpuQuota \\"{team}\\": {kind} {objects.namespace}/too-big asks {GPU}={gpus}' in answer
