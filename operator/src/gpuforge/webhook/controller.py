@@ -192,10 +192,10 @@ class UsageController:
     quotas: Informer = field(init=False)
     # Namespaces' labels, which decide which namespaces may charge a quota (watched by every replica).
     namespaces: Informer = field(init=False)
-    # LimitRanges: their container defaults are counted as the pods will get them.
-    limit_ranges: Informer = field(init=False)
     # DeviceClasses: which of them serves an extended resource (DRA), charged both ways.
     device_classes: Informer = field(init=False)
+    # LimitRanges: their container defaults are counted as the pods will get them.
+    limit_ranges: Informer = field(init=False)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # Quotas an event may have changed since the last pass: a pass after events recomputes only these
     # (and quotas holding reservations); a pass after a quiet period (resync, accrual) recomputes all.
@@ -592,7 +592,7 @@ class UsageController:
                 per_pod, _ = pod_usage(
                     pod.get("spec") or {},
                     gpu_model=gpu_model_of(root, pod_template(root)),
-                    catalog=self._catalog_of(snap, namespace),
+                    catalog=snap.catalogs.get(namespace),
                     strict_claims=False,
                 )
             except WorkloadError:
