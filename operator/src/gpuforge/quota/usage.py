@@ -210,10 +210,10 @@ def claim_usage(claim_spec: Mapping[str, Any], field: str = "spec") -> dict[str,
 class ClaimCatalog:
     """Usage of the ResourceClaimTemplates and ResourceClaims of one namespace, by name."""
 
-    templates: Mapping[str, ResourceList] = field(default_factory=dict)
-    claims: Mapping[str, ResourceList] = field(default_factory=dict)
     # Which DeviceClass serves which extended resource (cluster-wide).
     device_classes: DeviceClassMap = field(default_factory=DeviceClassMap)
+    templates: Mapping[str, ResourceList] = field(default_factory=dict)
+    claims: Mapping[str, ResourceList] = field(default_factory=dict)
 
 
 def pod_usage(
