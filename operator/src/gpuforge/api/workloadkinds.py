@@ -38,6 +38,8 @@ class PodSet:
     each: str = ""
     each_kind: Literal["list", "map"] = "list"
     item_replicas: tuple[Count, ...] = ()
+    # Set to true in an item, that item runs no pods (a suspended Ray worker group).
+    item_suspend: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ def _ray_cluster(prefix: str) -> tuple[PodSet, ...]:
             "template",
             each=f"{prefix}.workerGroupSpecs",
             item_replicas=(Count("replicas", default=0), Count("numOfHosts")),
+            item_suspend="suspend",
         ),
     )
 

@@ -345,6 +345,8 @@ def pod_templates(obj: Mapping[str, Any]) -> list[PodTemplate]:
             replicas = outer
             for count in pod_set.item_replicas:
                 replicas *= _count(item, count, where)
+            if pod_set.item_suspend and _get(item, pod_set.item_suspend) is True:
+                replicas = 0
             field = f"{where}{path}.spec" if path else "spec"
             labels = _get(template, "metadata.labels") if path else labels_of(template)
             templates.append(

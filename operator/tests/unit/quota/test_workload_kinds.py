@@ -85,6 +85,12 @@ def ray_cluster_spec(workers: int = 3, hosts: int | None = None) -> dict[str, An
     }
 
 
+def suspended_group() -> dict[str, Any]:
+    spec = ray_cluster_spec()
+    spec["workerGroupSpecs"][0]["suspend"] = True
+    return spec
+
+
 def pytorch_job(master: int = 1, workers: int = 3) -> dict[str, Any]:
     return obj(
         "kubeflow.org/v1",
@@ -148,6 +154,7 @@ def test_a_workload_is_counted_whole(kind: str) -> None:
         (lws(replicas=2, size=3, leader=False), 6, 12),  # the leader runs the worker template
         (obj("ray.io/v1", "RayCluster", ray_cluster_spec(workers=2, hosts=4)), 9, 8),  # multi-host groups
         (obj("ray.io/v1", "RayJob", {"clusterSelector": {"ray.io/cluster": "c"}}), 0, 0),  # an existing one
+        (obj("ray.io/v1", "RayCluster", suspended_group()), 1, 0),  # a suspended worker group runs none
         (pytorch_job(master=1, workers=0), 1, 1),
     ],
 )
