@@ -27,6 +27,7 @@ from gpuforge.api.gpuquota import (
 )
 from gpuforge.constants import QUOTA_LABEL
 from gpuforge.quota.keys import hard_key_problems
+from gpuforge.quota.models import Placement, proof_problem, restrict_to_keys
 from gpuforge.quota.quantity import format_quantity
 from gpuforge.quota.usage import (
     WorkloadError,
@@ -77,6 +78,8 @@ class WorkloadAsk:
     object_uid: str = ""  # metadata.uid of that object (the API server sets it before validation)
     # Per key (`limits.cpu`, ...), the containers that leave it unset (gpuforge.quota.limitranges).
     unset: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Where the workload's pods may land: what proves the models of per-model keys.
+    placement: Placement = field(default_factory=Placement)
 
 
 def quota_ref(name: str) -> str:
@@ -201,23 +204,28 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
     unset = _unset_denied(quota, ask, what)
     if unset is not None:
         return unset
+    unproven = proof_problem(quota.hard, ask.expected, ask.placement)
+    if unproven is not None:
+        key, why = unproven
+        return Denied(message=f'GpuQuota "{quota.name}": {what}: {why}', quota=quota.name, key=key)
     for key in spent_budgets(quota):
         resource = key.removeprefix(CASH_PREFIX)
-        if _amount(ask.delta, resource) > 0:
+        asked = restrict_to_keys(ask.delta, [resource]).get(resource, ZERO)
+        if asked > 0:
             return Denied(
                 message=(
                     f'GpuQuota "{quota.name}": budget {key} is spent '
                     f"({format_quantity(_amount(quota.status.used, key))} of "
                     f"{format_quantity(quota.hard[key])} hours used); {what} asks "
-                    f"{resource}={format_quantity(ask.delta[resource])}"
+                    f"{resource}={format_quantity(asked)}"
                 ),
                 quota=quota.name,
                 key=key,
-                asked=ask.delta[resource],
+                asked=asked,
                 left=ZERO,
             )
     counted = [key for key in quota.hard if not is_cash_key(key)]
-    charged = {key: amount for key, amount in restrict(ask.delta, counted).items() if amount > 0}
+    charged = {key: amount for key, amount in restrict_to_keys(ask.delta, counted).items() if amount > 0}
     rival_uids = [
         uid
         for item in quota.status.reservations
@@ -235,7 +243,7 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
         uid=ask.uid,
         workload=ask.workload,
         delta=charged,
-        expected=restrict(ask.expected, counted),
+        expected=restrict_to_keys(ask.expected, counted),
         created=now,
         generation=ask.generation,
         object_uids=_object_uids(rival_uids, ask.object_uid),

@@ -28,6 +28,7 @@ from gpuforge.api.gpuquota import (
     is_cash_key,
 )
 from gpuforge.quota.admission import charged_to_parent, spent_budgets
+from gpuforge.quota.models import restrict_to_keys
 from gpuforge.quota.quantity import format_quantity
 from gpuforge.quota.usage import WorkloadUsage, add, restrict
 
@@ -163,7 +164,7 @@ def recompute_status(
     ]
     self_used: dict[str, Decimal] = {key: ZERO for key in counted}
     for item in workloads:
-        add(self_used, restrict(item.usage, counted))
+        add(self_used, restrict_to_keys(item.usage, counted))
     used = dict(self_used)
     charged = {child.name: charged_to_parent(child) for child in children}
     for child in children:
@@ -172,6 +173,7 @@ def recompute_status(
         add(used, reservation.delta)
         if not reservation.workload.startswith(f"{KIND}//"):
             add(self_used, reservation.delta)
+    accrued = restrict_to_keys(accrued, [key for key in quota.hard if is_cash_key(key)])
     for key in (key for key in quota.hard if is_cash_key(key)):
         spent = quota.status.self_used.get(key, ZERO) + accrued.get(key, ZERO)
         self_used[key] = spent

@@ -4,8 +4,8 @@ Counting follows ResourceQuota where it has a rule: a pod's requests are the lar
 containers plus sidecars and its heaviest init step, plus pod overhead; a container's requests default
 to its limits; `cpu`/`memory`/`ephemeral-storage` are aliases of their `requests.` keys; a DRA request
 counts `count` devices (ExactCount) or 32 (All), and for `firstAvailable` the largest alternative per
-device class. gpuforge adds per-model keys (`requests.nvidia.com/gpu.<model>` from the
-`gpuforge.io/gpu-model` label, charged on top of the generic key) and whole-workload counting.
+device class. gpuforge adds per-model keys (`requests.nvidia.com/gpu.<model>` for the models the pods'
+placement proves, charged on top of the generic key: gpuforge.quota.models) and whole-workload counting.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from gpuforge.api.workloadkinds import (
     controller_kind,
     workload_kind,
 )
-from gpuforge.constants import GPU_MODEL_LABEL, GPU_RESOURCE, QUOTA_LABEL, is_gpu_resource
+from gpuforge.constants import GPU_MODEL_LABEL, QUOTA_LABEL, is_gpu_resource
 from gpuforge.quota.draextended import DeviceClassMap, claim_charges, pod_charges
 from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, unset_resources
+from gpuforge.quota.models import Placement, combined_placement, pod_placement, with_model_keys
 from gpuforge.quota.quantity import QuantityError, parse_quantity
 
 # What ResourceQuota charges for a DRA request with allocationMode All (AllocationResultsMaxSize).
@@ -61,6 +62,8 @@ class WorkloadUsage:
     uid: str = ""  # metadata.uid: which object of this name it is
     # Per key (`limits.cpu`, ...), the containers that leave it unset (a quota on it refuses them).
     unset: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Where its pods may land, which proves (or not) the models per-model keys charge.
+    placement: Placement = field(default_factory=Placement)
 
     @property
     def ref(self) -> str:
@@ -214,12 +217,25 @@ class ClaimCatalog:
     device_classes: DeviceClassMap = field(default_factory=DeviceClassMap)
     templates: Mapping[str, ResourceList] = field(default_factory=dict)
     claims: Mapping[str, ResourceList] = field(default_factory=dict)
+    # The GPU products each one's device requests select (gpuforge.quota.models.claim_products).
+    template_products: Mapping[str, tuple[frozenset[str], ...]] = field(default_factory=dict)
+    claim_products: Mapping[str, tuple[frozenset[str], ...]] = field(default_factory=dict)
+
+
+def placement_of(pod_spec: Mapping[str, Any], catalog: ClaimCatalog | None, field: str = "spec") -> Placement:
+    """Where a pod may land: its node selection, and the products its claims' device selectors hold."""
+    catalog = catalog or ClaimCatalog()
+    refs = claim_refs(pod_spec)
+    devices = [
+        *(held for name in sorted(refs.templates) for held in catalog.template_products.get(name, ())),
+        *(held for name in sorted(refs.claims) for held in catalog.claim_products.get(name, ())),
+    ]
+    return pod_placement(pod_spec, devices, field)
 
 
 def pod_usage(
     pod_spec: Mapping[str, Any],
     *,
-    gpu_model: str = "",
     catalog: ClaimCatalog | None = None,
     field: str = "spec",
     strict_claims: bool = True,
@@ -246,18 +262,9 @@ def pod_usage(
     for claim in _catalogued(refs.claims, catalog.claims, "ResourceClaim", field, strict_claims):
         add(shared, claim)
         add(shared, claim_charges(claim, catalog.device_classes))
-    return _with_model(per_pod, gpu_model), _with_model(shared, gpu_model)
-
-
-def _with_model(usage: dict[str, Decimal], gpu_model: str) -> dict[str, Decimal]:
-    """The per-model keys of a model's GPUs, whether asked for by name or through a DeviceClass that
-    names `nvidia.com/gpu` (charged on top of the generic keys)."""
-    if gpu_model:
-        for prefix in ("requests.", "limits."):
-            generic = f"{prefix}{GPU_RESOURCE}"
-            if generic in usage:
-                usage[f"{generic}.{gpu_model}"] = usage[generic]
-    return usage
+    # Per-model keys follow the generic ones, for the models the placement proves.
+    per_pod = with_model_keys(per_pod, placement_of(pod_spec, catalog, field))
+    return per_pod, shared
 
 
 def _catalogued(
@@ -498,6 +505,8 @@ def referenced_claims(obj: Mapping[str, Any]) -> ClaimRefs:
 
 
 def gpu_model_of(obj: Mapping[str, Any], template: PodTemplate | None = None) -> str:
+    """The GPU model a workload says it wants (`gpuforge.io/gpu-model`): a claim checked against its
+    placement, never a proof (gpuforge.quota.models)."""
     model = labels_of(obj).get(GPU_MODEL_LABEL) or (template.labels.get(GPU_MODEL_LABEL) if template else "")
     return str(model or "")
 
@@ -581,13 +590,14 @@ def workload_usage(
     pods = 0
     shared_claims: set[str] = set()
     unset: dict[str, tuple[str, ...]] = {}
+    # Each template's placement with what one of its pods takes (its shared claims included).
+    placed: list[tuple[Placement, dict[str, Decimal]]] = []
     for template in pod_templates(obj):
         if defaults:
             template = replace(template, spec=apply_defaults(template.spec, defaults))
         count = 0 if idle else template.replicas
-        per_pod, _ = pod_usage(
+        per_pod, via_claims = pod_usage(
             template.spec,
-            gpu_model=gpu_model_of(obj, template),
             catalog=catalog,
             field=template.field,
             strict_claims=strict_claims,
@@ -596,14 +606,18 @@ def workload_usage(
         pods += count
         if count:
             shared_claims |= claim_refs(template.spec).claims
+            taken = dict(per_pod)
+            add(taken, via_claims)
+            placed.append((placement_of(template.spec, catalog, template.field), taken))
         for key, containers in unset_resources(template.spec).items():
             unset[key] = (*unset.get(key, ()), *containers)
+    placement = combined_placement(placed)
     catalog = catalog or ClaimCatalog()
     shared: dict[str, Decimal] = {}
     for claim in _catalogued(shared_claims, catalog.claims, "ResourceClaim", "spec", strict_claims):
         add(shared, claim)
         add(shared, claim_charges(claim, catalog.device_classes))
-    add(total, _with_model(shared, gpu_model_of(obj, pod_template(obj))))
+    add(total, with_model_keys(shared, placement))
     metadata = obj.get("metadata") or {}
     return WorkloadUsage(
         kind=str(obj.get("kind")),
@@ -615,6 +629,7 @@ def workload_usage(
         generation=generation_of(obj),
         uid=str(metadata.get("uid") or ""),
         unset=unset,
+        placement=placement,
     )
 
 

@@ -41,6 +41,7 @@ from gpuforge.quota.convert import QuotaSpecError, quota_from_object
 from gpuforge.quota.draextended import DeviceClassMap
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults
+from gpuforge.quota.models import claim_products, claimed_model_problem
 from gpuforge.quota.tenancy import admit_namespace, needs_labels, quota_required
 from gpuforge.quota.usage import (
     WORKLOAD_KINDS,
@@ -52,9 +53,11 @@ from gpuforge.quota.usage import (
     claim_usage,
     cronjob_label_unreached,
     generation_of,
+    gpu_model_of,
     increase,
     is_controlled_by_workload,
     labels_of,
+    pod_template,
     quota_label,
     quota_label_conflict,
     referenced_claims,
@@ -99,20 +102,22 @@ async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -
     if not refs.templates and not refs.claims:
         return ClaimCatalog()
 
-    async def usage_of(plural: str, name: str) -> tuple[str, Any]:
+    async def usage_of(plural: str, name: str) -> tuple[str, Any, tuple[frozenset[str], ...]]:
         raw = await api.get_claim(namespace, plural, name)
         if raw is None:
-            return name, None
+            return name, None, ()
         spec = raw.get("spec") or {}
         if plural == "resourceclaimtemplates":
             spec = spec.get("spec") or {}
-        return name, claim_usage(spec, f"{plural}/{name}.spec")
+        return name, claim_usage(spec, f"{plural}/{name}.spec"), claim_products(spec)
 
     templates = await asyncio.gather(*(usage_of("resourceclaimtemplates", n) for n in sorted(refs.templates)))
     claims = await asyncio.gather(*(usage_of("resourceclaims", n) for n in sorted(refs.claims)))
     return ClaimCatalog(
-        templates={name: usage for name, usage in templates if usage is not None},
-        claims={name: usage for name, usage in claims if usage is not None},
+        templates={name: usage for name, usage, _ in templates if usage is not None},
+        claims={name: usage for name, usage, _ in claims if usage is not None},
+        template_products={name: held for name, usage, held in templates if usage is not None},
+        claim_products={name: held for name, usage, held in claims if usage is not None},
     )
 
 
@@ -269,8 +274,12 @@ class AdmissionHandlers:
             counted = await self._usage(request, obj, strict=True)
         except WorkloadError as error:
             return Denied(f"{where}: {error}", reason="Invalid", code=422)
+        claimed = claimed_model_problem(gpu_model_of(obj, pod_template(obj)), counted.placement)
+        if claimed:
+            return Denied(f"{where}: {claimed}", reason="Invalid", code=422)
         new = dict(counted.usage)
         old_usage: dict[str, Any] = {}
+        old_placement = None
         old = {"kind": request.kind, **request.old_object} if request.old_object is not None else None
         if (
             request.operation == "UPDATE"
@@ -279,12 +288,15 @@ class AdmissionHandlers:
             and (request.kind == "Pod" or not is_controlled_by_workload(old))
         ):
             try:
-                old_usage = dict((await self._usage(request, old, strict=False)).usage)
+                old_counted = await self._usage(request, old, strict=False)
+                old_usage, old_placement = dict(old_counted.usage), old_counted.placement
             except WorkloadError:
                 old_usage = {}
         delta = increase(old_usage, new)
-        if request.operation == "UPDATE" and not delta:
-            return Allowed()  # nothing more is taken; decreases are released by the controller
+        if request.operation == "UPDATE" and not delta and old_placement == counted.placement:
+            # Nothing more is taken (decreases are released by the controller), nor moved elsewhere: a
+            # change of placement is checked, since it may leave the model a quota needs unproven.
+            return Allowed()
         name = request.name or str((obj.get("metadata") or {}).get("name") or "")
         if not name:  # generateName: the name is not known yet, the uid keeps reservations apart
             name = f"{(obj.get('metadata') or {}).get('generateName', '')}<{request.uid}>"
@@ -298,6 +310,7 @@ class AdmissionHandlers:
             # Set by the API server before validating admission, on create too.
             object_uid=str((obj.get("metadata") or {}).get("uid") or ""),
             unset={} if resize else counted.unset,
+            placement=counted.placement,
         )
         return await self._charge(request, quota_name, ask)
 
@@ -372,6 +385,7 @@ class AdmissionHandlers:
             new,
             generation=generation_of(workload) + 1,  # a replica change bumps the generation
             unset=counted.unset,
+            placement=counted.placement,
             # The Scale object carries its workload's uid; the workload read is the fallback.
             object_uid=str(
                 (request.object.get("metadata") or {}).get("uid")

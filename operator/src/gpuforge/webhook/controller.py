@@ -41,6 +41,7 @@ from gpuforge.quota.draextended import DeviceClassMap, device_class_map
 from gpuforge.quota.leader import Role
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults, container_defaults
+from gpuforge.quota.models import claim_products
 from gpuforge.quota.reconcile import (
     DEFAULT_RESERVATION_TTL,
     PodRun,
@@ -60,10 +61,8 @@ from gpuforge.quota.usage import (
     claim_usage,
     finish_status,
     generation_of,
-    gpu_model_of,
     holds_nothing,
     is_controlled_by_workload,
-    pod_template,
     pod_usage,
     quota_label,
     referenced_claims,
@@ -558,7 +557,20 @@ class UsageController:
                     continue
             return result
 
-        return ClaimCatalog(templates=usage(templates, True), claims=usage(claims, False))
+        def products(items: Sequence[Obj], nested: bool) -> dict[str, tuple[frozenset[str], ...]]:
+            result = {}
+            for item in items:
+                spec = item.get("spec") or {}
+                held = claim_products(spec.get("spec") or {} if nested else spec)
+                result[str(item["metadata"]["name"])] = held
+            return result
+
+        return ClaimCatalog(
+            templates=usage(templates, True),
+            claims=usage(claims, False),
+            template_products=products(templates, True),
+            claim_products=products(claims, False),
+        )
 
     def _root(self, snap: Snapshot, obj: Obj) -> Obj | None:
         """The labelled workload a pod belongs to, following controller owners (Pod -> RS -> Deployment)."""
@@ -591,7 +603,6 @@ class UsageController:
             try:
                 per_pod, _ = pod_usage(
                     pod.get("spec") or {},
-                    gpu_model=gpu_model_of(root, pod_template(root)),
                     catalog=snap.catalogs.get(namespace),
                     strict_claims=False,
                 )

@@ -302,13 +302,19 @@ def quotas(api_client: client.ApiClient, quota_webhook: WebhookProcess, namespac
     helper.cleanup()
 
 
+# GPU Feature Discovery's product label on the lab's pools (examples/pools.yaml), by model.
+PRODUCTS = {"H100": "NVIDIA-H100-80GB-HBM3", "A100": "NVIDIA-A100-SXM4-80GB", "L4": "NVIDIA-L4"}
+
+
 def deployment(name: str, quota: str, gpus: int = 1, replicas: int = 1, model: str = "") -> dict[str, Any]:
+    """A GPU Deployment; with `model`, labelled for it and held to its nodes (which proves the model)."""
     return gpu_deployment(
         name,
         quota,
         gpus=gpus,
         replicas=replicas,
         model=model,
+        node_selector={"nvidia.com/gpu.product": PRODUCTS[model]} if model else None,
         requests={"cpu": "100m"},
         tolerations=[{"operator": "Exists"}],
         image="registry.example/work:1",

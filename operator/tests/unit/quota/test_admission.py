@@ -18,6 +18,7 @@ from gpuforge.quota.admission import (
     admit_workload,
 )
 from gpuforge.quota.convert import quota_from_object, quota_to_object
+from gpuforge.quota.models import Placement, Selection
 from gpuforge.quota.quantity import parse_quantity
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -53,8 +54,11 @@ def quota(
 
 
 def ask(delta: dict[str, int | str], uid: str = "u1", workload: str = "Deployment/ns/w") -> WorkloadAsk:
+    """An ask whose pods are held to H100 nodes when it takes H100s, else to L4 nodes."""
     values = {k: q(v) for k, v in delta.items()}
-    return WorkloadAsk(uid=uid, workload=workload, delta=values, expected=values)
+    product = "NVIDIA-H100-80GB-HBM3" if H100 in values else "NVIDIA-L4"
+    placement = Placement({"gpu": Selection(frozenset({product}), "spec.template.spec.nodeSelector")})
+    return WorkloadAsk(uid=uid, workload=workload, delta=values, expected=values, placement=placement)
 
 
 @pytest.mark.parametrize(
@@ -330,3 +334,27 @@ def test_a_retried_raise_of_a_child_carves_once() -> None:
     retry = admit_quota_update(old, new, _through_status_json(ROOT, first), "b", NOW)
     assert isinstance(retry, Allowed) and retry.status is not None
     assert retry.status.used[GPU] == 13
+
+
+def test_model_quota_refuses_an_unproven_model() -> None:
+    unplaced = replace(ask({GPU: 1}), placement=Placement())
+    decision = admit_workload(quota("team", {GPU: 10, H100: 4}), unplaced, NOW)
+    assert isinstance(decision, Denied)
+    assert decision.key == H100
+    assert decision.message.startswith(
+        'GpuQuota "team": Deployment ns/w: requests.nvidia.com/gpu.H100 needs the GPU model proven'
+    )
+    # A quota without model keys needs no proof.
+    assert isinstance(admit_workload(quota("team", {GPU: 10}), unplaced, NOW), Allowed)
+
+
+def test_model_key_spelt_in_lower_case_is_charged() -> None:
+    on_h100 = ask({GPU: 1, H100: 1})
+    decision = admit_workload(quota("team", {GPU: 10, f"{GPU}.h100": 1}), on_h100, NOW)
+    assert isinstance(decision, Allowed) and decision.status is not None
+    assert decision.status.used[f"{GPU}.h100"] == 1
+    another = ask({GPU: 1, H100: 1}, uid="u2", workload="Deployment/ns/w2")
+    full = admit_workload(
+        replace(quota("team", {GPU: 10, f"{GPU}.h100": 1}), status=decision.status), another, NOW
+    )
+    assert isinstance(full, Denied) and full.key == f"{GPU}.h100"

@@ -94,10 +94,12 @@ def test_a_workloads_claim_templates_count_toward_nvidia_gpu_and_its_model_key()
     spec = {
         "containers": [{"name": "main"}],
         "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two"}],
+        # The model is proven by where the pods may land, not by the label.
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
     }
     catalog = ClaimCatalog(templates={"two": claim_usage(CLAIM_SPEC)}, device_classes=MAPPED)
-    usage = workload_usage(deployment(spec, model="h100"), catalog).usage
-    assert (usage[GPU], usage[f"{GPU}.h100"], usage[DEVICES], usage[IMPLICIT]) == (D(6), D(6), D(6), D(6))
+    usage = workload_usage(deployment(spec), catalog).usage
+    assert (usage[GPU], usage[f"{GPU}.H100"], usage[DEVICES], usage[IMPLICIT]) == (D(6), D(6), D(6), D(6))
     unmapped = workload_usage(deployment(spec), ClaimCatalog(templates=catalog.templates)).usage
     assert GPU not in unmapped and unmapped[DEVICES] == D(6)
 

@@ -3,6 +3,8 @@ from typing import Any
 
 import pytest
 
+from gpuforge.quota.models import GPU as GPU_DIMENSION
+from gpuforge.quota.models import claim_products
 from gpuforge.quota.usage import (
     ClaimCatalog,
     WorkloadError,
@@ -107,17 +109,50 @@ def test_pod_requests_like_resource_quota(spec: dict[str, Any], cpu: str) -> Non
 
 
 def test_model_key_is_charged_with_the_generic_key() -> None:
-    usage = workload_usage(
-        workload("Deployment", ONE_GPU, {"gpuforge.io/gpu-model": "H100"}, replicas=2)
-    ).usage
+    on_h100 = {**ONE_GPU, "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
+    usage = workload_usage(workload("Deployment", on_h100, replicas=2)).usage
     assert usage[GPU] == 2
     assert usage[f"{GPU}.H100"] == 2
+    assert usage[f"{GPU}.H100-80GB"] == 2  # every run of the product's words is a model it proves
+    assert f"{GPU}.H10" not in usage
 
 
-def test_model_label_on_pod_template_counts_too() -> None:
-    obj = workload("Deployment", ONE_GPU, replicas=1)
-    obj["spec"]["template"]["metadata"]["labels"]["gpuforge.io/gpu-model"] = "L4"
-    assert workload_usage(obj).usage[f"{GPU}.L4"] == 1
+def test_model_label_alone_charges_no_model() -> None:
+    """The label is a claim: a workload that may land anywhere proves no model."""
+    obj = workload("Deployment", ONE_GPU, {"gpuforge.io/gpu-model": "H100"}, replicas=1)
+    usage = workload_usage(obj)
+    assert not [key for key in usage.usage if key.startswith(f"{GPU}.")]
+    assert usage.placement.of(GPU_DIMENSION).values is None
+
+
+def test_dra_selector_proves_the_model_of_a_template() -> None:
+    template = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "g",
+                    "exactly": {
+                        "deviceClassName": "gpu.nvidia.com",
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": "device.attributes['gpu.nvidia.com'].productName"
+                                    " == 'NVIDIA A100-SXM4-40GB'"
+                                }
+                            }
+                        ],
+                    },
+                }
+            ]
+        }
+    }
+    catalog = ClaimCatalog(
+        templates={"t": claim_usage(template)}, template_products={"t": claim_products(template)}
+    )
+    spec = {**ONE_GPU, "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t"}]}
+    counted = workload_usage(workload("Deployment", spec, replicas=1), catalog)
+    assert counted.placement.of(GPU_DIMENSION).values == {"NVIDIA-A100-SXM4-40GB"}
+    assert counted.usage[f"{GPU}.A100"] == 1
 
 
 V1_TEMPLATE = {

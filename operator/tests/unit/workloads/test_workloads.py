@@ -15,7 +15,12 @@ from gpuforge_lab.workloads import gpu_deployment
         ({}, "team", {"requests.nvidia.com/gpu": "1"}),
         ({"gpus": 2, "replicas": 3}, "team", {"requests.nvidia.com/gpu": "6"}),
         (
-            {"gpus": 1, "replicas": 2, "model": "H100"},
+            {
+                "gpus": 1,
+                "replicas": 2,
+                "model": "H100",
+                "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            },
             "vision",
             {"requests.nvidia.com/gpu": "2", "requests.nvidia.com/gpu.H100": "2"},
         ),

@@ -46,6 +46,8 @@ from gpuforge_lab.workloads import gpu_deployment
 # Wide enough for the node table when the output is a log rather than a terminal.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
 H100_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+# GPU Feature Discovery's product label per model on the demo's pools: it proves a workload's model.
+PRODUCTS = {"H100": H100_PRODUCT, "L4": "NVIDIA-L4"}
 DEMO_POOLS = (
     Pool(
         name="h100",
@@ -343,7 +345,7 @@ class Demo:
         self.kubectl("create", "namespace", "ml")
         admitted = [
             _workload("vision-train", "research-vision", replicas=2, gpus=1, model="H100"),
-            _workload("serving", "inference", replicas=2, gpus=1),
+            _workload("serving", "inference", replicas=2, gpus=1, model="L4"),
         ]
         for workload in admitted:
             self.kubectl("apply", "-n", "ml", "-f", "-", input=yaml.safe_dump(workload))
@@ -472,7 +474,7 @@ def _workload(name: str, quota: str, replicas: int, gpus: int, model: str = "") 
         replicas=replicas,
         model=model,
         requests={"cpu": "1", "memory": "4Gi"},
-        node_selector={"nvidia.com/gpu.product": H100_PRODUCT} if model == "H100" else None,
+        node_selector={"nvidia.com/gpu.product": PRODUCTS[model]} if model else None,
     )
 
 

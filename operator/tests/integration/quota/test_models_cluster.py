@@ -1,0 +1,123 @@
+"""Per-model keys on the local control plane: the model is proven by where the pods may land.
+
+The webhook answers from the workload's node selection (GPU Feature Discovery's product label) and its
+DRA device selectors; the usage controller counts the stored objects the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+
+from .conftest import GPU, PRODUCTS, Quotas, deployment, wait_for
+from .test_quota_cluster import create
+
+A100 = f"{GPU}.A100"
+
+
+def _required_products(body: dict[str, Any], *products: str) -> dict[str, Any]:
+    body["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "nvidia.com/gpu.product", "operator": "In", "values": list(products)}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    return body
+
+
+def test_model_must_be_proven_by_node_selection(quotas: Quotas, namespace: str, api_client: Any) -> None:
+    quotas.create("proof", {GPU: 8, A100: 2})
+    apps = client.AppsV1Api(api_client)
+    name = quotas.name("proof")
+    anywhere = create(apps, namespace, deployment("anywhere", name))
+    assert "requests.nvidia.com/gpu.A100 needs the GPU model proven" in anywhere
+    assert "select nodes by nvidia.com/gpu.product" in anywhere
+    # Held to A100 nodes by required node affinity: charged to the A100 key.
+    pinned = _required_products(deployment("pinned", name), PRODUCTS["A100"])
+    assert create(apps, namespace, pinned) == "admitted"
+    # Either of two models: which one is not established.
+    either = _required_products(deployment("either", name), PRODUCTS["A100"], PRODUCTS["H100"])
+    refused = create(apps, namespace, either)
+    assert "of which only NVIDIA-A100-SXM4-80GB is A100; select one model" in refused
+    # Proven not to be an A100: only the generic key.
+    assert create(apps, namespace, deployment("inference", name, model="L4")) == "admitted"
+    wait_for("the controller to count 1 A100", lambda: quotas.used("proof", A100) == "1", timeout=10)
+    assert quotas.used("proof") == "2"
+
+
+def test_claimed_model_must_match_the_nodes(quotas: Quotas, namespace: str, api_client: Any) -> None:
+    quotas.create("claim", {GPU: 8})
+    apps = client.AppsV1Api(api_client)
+    body = deployment("liar", quotas.name("claim"), model="H100")
+    body["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": PRODUCTS["L4"]}
+    refused = create(apps, namespace, body)
+    assert (
+        "label gpuforge.io/gpu-model says 'H100' but the pods may land on nvidia.com/gpu.product NVIDIA-L4"
+        in (refused)
+    )
+
+
+def test_moving_off_the_proven_model_is_checked(quotas: Quotas, namespace: str, api_client: Any) -> None:
+    quotas.create("move", {GPU: 8, A100: 2})
+    apps = client.AppsV1Api(api_client)
+    assert create(apps, namespace, deployment("w", quotas.name("move"), model="A100")) == "admitted"
+    # Dropping the selector takes nothing more, yet would leave the A100 key unproven.
+    patch = {
+        "metadata": {"labels": {"gpuforge.io/gpu-model": None}},
+        "spec": {"template": {"spec": {"nodeSelector": None}}},
+    }
+    try:
+        apps.patch_namespaced_deployment("w", namespace, patch)
+        refused = ""
+    except client.ApiException as error:
+        refused = str(error.body)
+    assert "requests.nvidia.com/gpu.A100 needs the GPU model proven" in refused
+
+
+def test_dra_device_selector_proves_the_model(quotas: Quotas, namespace: str, api_client: Any) -> None:
+    quotas.create("dra-model", {GPU: 8, A100: 1})
+    custom = client.CustomObjectsApi(api_client)
+    version = next(
+        g.preferred_version.version
+        for g in client.ApisApi(api_client).get_api_versions().groups
+        if g.name == "resource.k8s.io"
+    )
+    expression = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'"
+    request: dict[str, Any] = {"name": "gpu"}
+    exact = {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": expression}}]}
+    if version == "v1beta1":
+        request.update(exact)
+    else:
+        request["exactly"] = exact
+    custom.create_namespaced_custom_object(
+        "resource.k8s.io",
+        version,
+        namespace,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": f"resource.k8s.io/{version}",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "an-a100"},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+    )
+    apps = client.AppsV1Api(api_client)
+    body = deployment("dra", quotas.name("dra-model"))
+    body["spec"]["template"]["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "an-a100"}
+    ]
+    assert create(apps, namespace, body) == "admitted"
+    wait_for("the controller to count 1 A100", lambda: quotas.used("dra-model", A100) == "1", timeout=10)
+    second = deployment("dra2", quotas.name("dra-model"))
+    second["spec"]["template"]["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "an-a100"}
+    ]
+    assert "requests.nvidia.com/gpu.A100=1 but only 0 is left" in create(apps, namespace, second)
