@@ -27,7 +27,7 @@ from gpuforge.api.gpuquota import (
 )
 from gpuforge.constants import QUOTA_LABEL
 from gpuforge.quota.keys import hard_key_problems
-from gpuforge.quota.models import Placement, proof_problem, restrict_to_keys
+from gpuforge.quota.models import Placement, model_key, proof_problem, restrict_to_keys
 from gpuforge.quota.quantity import format_quantity
 from gpuforge.quota.usage import (
     WorkloadError,
@@ -175,7 +175,8 @@ def _object_uids(rivals: list[str], newest: str) -> tuple[str, ...]:
 def _unset_denied(quota: GpuQuota, ask: WorkloadAsk, what: str) -> Denied | None:
     """ResourceQuota's rule: a quota that limits a compute resource needs every container to set it,
     else the container would take it unchecked (nothing is counted for an unset value)."""
-    for key in sorted({ALIASES.get(key, key) for key in quota.hard if not is_cash_key(key)}):
+    limited = {_generic(key) for key in quota.hard if not is_cash_key(key)}
+    for key in sorted({ALIASES.get(key, key) for key in limited}):
         containers = ask.unset.get(key)
         if containers:
             return Denied(
@@ -187,6 +188,12 @@ def _unset_denied(quota: GpuQuota, ask: WorkloadAsk, what: str) -> Denied | None
                 key=key,
             )
     return None
+
+
+def _generic(key: str) -> str:
+    """`limits.cpu.A4` limits what `limits.cpu` does, for A4 CPUs: it needs the value set all the same."""
+    split = model_key(key)
+    return split.generic if split is not None else key
 
 
 # ResourceQuota's aliases: `cpu` limits what `requests.cpu` does.

@@ -4,7 +4,9 @@ The keys are ResourceQuota's for pods, so a quota reads like the ResourceQuota p
 `requests.<resource>` and `limits.<resource>` for the standard compute resources, the aliases `cpu`,
 `memory`, `ephemeral-storage`, `pods`; extended resources (`nvidia.com/gpu`) only as `requests.`
 (ResourceQuota's rule: they cannot be overcommitted, so limits equal requests). gpuforge adds per-model
-keys (`requests.nvidia.com/gpu.<model>`), DRA keys and `cash/` budgets of any of these. A key outside
+keys (`requests.nvidia.com/gpu.<model>`, `requests.cpu.<model>`/`limits.cpu.<model>`,
+`requests.memory.<type>`/`limits.memory.<type>`: gpuforge.quota.models), DRA keys and `cash/` budgets
+of any of these. A key outside
 this set would silently limit nothing (nothing is ever counted under it), so it is refused with the
 spelling that was probably meant.
 """
@@ -18,6 +20,7 @@ from typing import Final
 
 from gpuforge.api.gpuquota import CASH_PREFIX, DEVICE_CLASS_KEY_SUFFIX, RESOURCE_CLAIMS_COUNT_KEY
 from gpuforge.constants import GPU_RESOURCE
+from gpuforge.quota.models import MODEL_PATTERN, model_key
 
 STANDARD_RESOURCES: Final = ("cpu", "memory", "ephemeral-storage")
 # Resources the quota's `requests.`/`limits.` keys may name without a domain.
@@ -75,6 +78,13 @@ def key_problem(key: str) -> str:
         return f"{key}: {device_class!r} is not a DeviceClass name"
     prefix, _, resource = counted.partition(".")
     cash = CASH_PREFIX if key.startswith(CASH_PREFIX) else ""
+    split = model_key(counted)
+    if split is not None and split.dimension.resource in STANDARD_RESOURCES:
+        if MODEL_PATTERN.match(split.model):
+            return ""
+        return f"{key}: {split.model!r} is not a model name (letters and digits, words joined by -, _ or .)"
+    if prefix in ("cpu", "memory") and resource:  # the alias with a model: `cpu.A4`
+        return f"{key}: not a key gpuforge counts; did you mean {cash}requests.{counted}"
     if prefix in ("requests", "limits") and resource:
         if _is_standard(resource):
             return ""

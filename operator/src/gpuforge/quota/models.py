@@ -1,11 +1,12 @@
 """Which models a workload runs on, proven from where it may be placed, and the per-model keys. No I/O.
 
-A per-model key (`requests.nvidia.com/gpu.A100`, `limits.cpu.A4`, `requests.memory.HBM`) is charged
+A per-model key (`requests.nvidia.com/gpu.A100`, `limits.cpu.A4`, `limits.memory.DDR5`) is charged
 only for a workload whose placement proves the model: its pods' node selection (`nodeSelector` and
-required node affinity) on the label that names the model on nodes, and for GPUs also the DRA device
-selectors of its claims (CEL on the `productName` attribute of `gpu.nvidia.com` devices). A label the
-workload sets on itself is a claim, never a proof: otherwise a workload could land on A100 nodes while
-saying it wants L4s and be charged to neither.
+required node affinity) on the label that names the model on nodes (GPU Feature Discovery's
+`nvidia.com/gpu.product`; `gpuforge.io/cpu-model` and `gpuforge.io/memory-type`), and for GPUs
+also the DRA device selectors of its claims (CEL on the `productName` attribute of `gpu.nvidia.com`
+devices). A label the workload sets on itself is a claim, never a proof: otherwise a workload could
+land on A100 nodes while saying it wants L4s and be charged to neither.
 
 Matching a key's model to a label value is by words, ignoring case: a value is split into words at
 `-`, `_` and spaces (`NVIDIA-A100-SXM4-80GB`: NVIDIA, A100, SXM4, 80GB; DRA's `NVIDIA A100-SXM4-80GB`
@@ -26,7 +27,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
-from gpuforge.constants import GFD_PRODUCT_LABEL, GPU_MODEL_LABEL, GPU_RESOURCE, GPU_SHARED_SUFFIX
+from gpuforge.constants import (
+    CPU_MODEL_NODE_LABEL,
+    GFD_PRODUCT_LABEL,
+    GPU_MODEL_LABEL,
+    GPU_RESOURCE,
+    GPU_SHARED_SUFFIX,
+    MEMORY_TYPE_NODE_LABEL,
+)
 
 _CASH: Final = "cash/"
 
@@ -43,7 +51,9 @@ class Dimension:
 
 
 GPU: Final = Dimension("gpu", GPU_RESOURCE, GFD_PRODUCT_LABEL, ("requests.",), "GPU model")
-DIMENSIONS: Final = (GPU,)
+CPU: Final = Dimension("cpu", "cpu", CPU_MODEL_NODE_LABEL, ("requests.", "limits."), "CPU model")
+MEMORY: Final = Dimension("memory", "memory", MEMORY_TYPE_NODE_LABEL, ("requests.", "limits."), "memory type")
+DIMENSIONS: Final = (GPU, CPU, MEMORY)
 # The model part of a key: letters and digits, words joined by `-`, `_` or `.`.
 MODEL_PATTERN: Final = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # Words that are resource names of their own, never a model (`nvidia.com/gpu.shared`: time-sliced GPUs).

@@ -121,3 +121,39 @@ def test_dra_device_selector_proves_the_model(quotas: Quotas, namespace: str, ap
         {"name": "gpu", "resourceClaimTemplateName": "an-a100"}
     ]
     assert "requests.nvidia.com/gpu.A100=1 but only 0 is left" in create(apps, namespace, second)
+
+
+def test_cpu_model_key_is_proven_and_checked(quotas: Quotas, namespace: str, api_client: Any) -> None:
+    quotas.create("cpus", {"limits.cpu": 10, "limits.cpu.A4": 4})
+    apps = client.AppsV1Api(api_client)
+    name = quotas.name("cpus")
+
+    def cpu_work(short: str, cores: str, model: str = "") -> dict[str, Any]:
+        body = deployment(short, name)
+        body["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = cores
+        if model:
+            body["spec"]["template"]["spec"]["nodeSelector"] = {"gpuforge.io/cpu-model": model}
+        return body
+
+    assert "limits.cpu.A4 needs the CPU model proven" in create(apps, namespace, cpu_work("anywhere", "1"))
+    assert create(apps, namespace, cpu_work("a4", "4", "a4")) == "admitted"  # case is ignored
+    assert "limits.cpu.A4=1 but only 0 is left" in create(apps, namespace, cpu_work("more", "1", "A4"))
+    assert create(apps, namespace, cpu_work("a3", "6", "A3")) == "admitted"  # not an A4: limits.cpu only
+    wait_for(
+        "the controller to count 4 A4 cores", lambda: quotas.used("cpus", "limits.cpu.A4") == "4", timeout=10
+    )
+    assert quotas.used("cpus", "limits.cpu") == "10"
+
+
+def test_cpu_and_memory_model_keys_are_accepted(quotas: Quotas) -> None:
+    quotas.create("machine-types", {"limits.cpu": 8, "limits.cpu.A4": 4, "limits.memory.DDR5": "64Gi"})
+
+    def refusal(short: str, key: str) -> str:
+        try:
+            quotas.create(short, {key: 4})
+        except client.ApiException as error:
+            return str(error.body)
+        return ""
+
+    assert "a GpuQuota cannot count key cpu.A4" in refusal("alias", "cpu.A4")  # the CRD's rule
+    assert "'A4-' is not a model name" in refusal("dash", "limits.cpu.A4-")  # the webhook's

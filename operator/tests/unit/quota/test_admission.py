@@ -358,3 +358,17 @@ def test_model_key_spelt_in_lower_case_is_charged() -> None:
         replace(quota("team", {GPU: 10, f"{GPU}.h100": 1}), status=decision.status), another, NOW
     )
     assert isinstance(full, Denied) and full.key == f"{GPU}.h100"
+
+
+def test_cpu_model_key_needs_the_value_set_and_charges_the_model() -> None:
+    unset = replace(ask({"requests.cpu": 1}), unset={"limits.cpu": ("main",)})
+    denied = admit_workload(quota("team", {"limits.cpu": 8, "limits.cpu.A4": 4}), unset, NOW)
+    assert isinstance(denied, Denied) and denied.key == "limits.cpu"
+    on_a4 = Placement({"cpu": Selection(frozenset({"A4"}), "spec.template.spec.nodeSelector")})
+    asked = {"limits.cpu": D(3), "limits.cpu.A4": D(3)}
+    fits = WorkloadAsk(uid="u", workload="Deployment/ns/w", delta=asked, expected=asked, placement=on_a4)
+    decision = admit_workload(
+        quota("team", {"limits.cpu": 8, "limits.cpu.A4": 4}, {"limits.cpu.A4": 2}), fits, NOW
+    )
+    assert isinstance(decision, Denied)
+    assert "limits.cpu.A4=3 but only 2 is left" in decision.message

@@ -32,6 +32,11 @@ from gpuforge.quota.keys import hard_key_problems, key_problem
         "count/resourceclaims.resource.k8s.io",
         "cash/requests.nvidia.com/gpu",
         "cash/requests.cpu",
+        "requests.cpu.A4",  # per CPU model
+        "limits.cpu.a4",
+        "cash/limits.cpu.A4",
+        "limits.memory.DDR5",  # per memory type
+        "requests.memory.HBM-3e",
     ],
 )
 def test_countable_keys_are_accepted(key: str) -> None:
@@ -48,6 +53,8 @@ def test_countable_keys_are_accepted(key: str) -> None:
         ("requests.gpu", "did you mean requests.nvidia.com/gpu"),
         ("request.cpu", "did you mean requests.cpu"),
         ("hugepages-2Mi", "did you mean requests.hugepages-2Mi"),
+        ("cpu.A4", "did you mean requests.cpu.A4"),
+        ("cash/memory.DDR5", "did you mean cash/requests.memory.DDR5"),
     ],
 )
 def test_a_misspelt_key_names_the_one_meant(key: str, meant: str) -> None:
@@ -56,7 +63,17 @@ def test_a_misspelt_key_names_the_one_meant(key: str, meant: str) -> None:
     assert problem.endswith(meant)
 
 
-@pytest.mark.parametrize("key", ["count/deployments.apps", "cash/cash/requests.cpu", "services", "x"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "count/deployments.apps",
+        "cash/cash/requests.cpu",
+        "services",
+        "x",
+        "limits.cpu.A4-",  # a model ends in a letter or digit
+        "requests.ephemeral-storage.ssd",  # only GPUs, CPUs and memory are split by model
+    ],
+)
 def test_keys_nothing_is_counted_under_are_refused(key: str) -> None:
     assert key_problem(key) != ""
 

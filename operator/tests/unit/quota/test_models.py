@@ -301,3 +301,29 @@ def test_proof_problem_of_contradicting_selections() -> None:
 )
 def test_claimed_model_problem(claimed: str, placement: Placement, problem: str) -> None:
     assert claimed_model_problem(claimed, placement) == problem
+
+
+def test_cpu_and_memory_models_are_proven_by_their_node_labels() -> None:
+    spec = {"nodeSelector": {"gpuforge.io/cpu-model": "A4", "gpuforge.io/memory-type": "DDR5"}}
+    placement = pod_placement(spec)
+    usage = with_model_keys(
+        {"requests.cpu": Decimal(2), "limits.cpu": Decimal(4), "limits.memory": Decimal(8)}, placement
+    )
+    assert usage["requests.cpu.A4"] == 2
+    assert usage["limits.cpu.A4"] == 4
+    assert usage["limits.memory.DDR5"] == 8
+    assert "requests.memory.DDR5" not in usage  # no memory request: nothing under it
+    assert restrict_to_keys(usage, ["limits.cpu.a4"]) == {"limits.cpu.a4": Decimal(4)}
+
+
+def test_cpu_model_key_needs_the_cpu_model_proven() -> None:
+    found = proof_problem({"limits.cpu.A4": 4}, {"limits.cpu": Decimal(1)}, Placement())
+    assert found == (
+        "limits.cpu.A4",
+        "limits.cpu.A4 needs the CPU model proven, and nothing holds the pods to one: select nodes by "
+        "gpuforge.io/cpu-model (nodeSelector or required node affinity, operator In)",
+    )
+    on_a3 = pod_placement({"nodeSelector": {"gpuforge.io/cpu-model": "A3"}})
+    assert proof_problem({"limits.cpu.A4": 4}, {"limits.cpu": Decimal(1)}, on_a3) is None
+    # A workload that takes no CPU limit is not asked for the model (the unset rule refuses it first).
+    assert proof_problem({"limits.cpu.A4": 4}, {"requests.cpu": Decimal(1)}, Placement()) is None
