@@ -51,6 +51,9 @@ QUOTA_LABEL: Final = f"{GROUP}/quota"
 # A namespace labelled with this set to "true" refuses workloads that take GPUs and name no quota.
 QUOTA_REQUIRED_LABEL: Final = f"{GROUP}/quota-required"
 GPU_MODEL_LABEL: Final = f"{GROUP}/gpu-model"
+# A namespace labelled with this names the GpuQuota its workloads that take GPUs and name none are
+# charged to (a label, not an annotation: the webhook's namespaceSelector can then send only those).
+DEFAULT_QUOTA_LABEL: Final = f"{GROUP}/default-quota"
 # Node labels that name a node's CPU model and memory type (machine types a platform defines, e.g. A4),
 # which per-model `limits.cpu.<model>` and `requests.memory.<type>` keys are proven by. Set by whoever
 # builds the pool (kubelet --node-labels, NFD's local feature files or a NodeFeatureRule).

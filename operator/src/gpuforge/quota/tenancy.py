@@ -9,10 +9,10 @@ whole subtree: a workload must be admitted by its quota and by every ancestor th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpuforge.api.gpuquota import GpuQuota, LabelSelector, SelectorRequirement
-from gpuforge.constants import QUOTA_LABEL, QUOTA_REQUIRED_LABEL
+from gpuforge.constants import DEFAULT_QUOTA_LABEL, QUOTA_LABEL, QUOTA_REQUIRED_LABEL
 from gpuforge.quota.admission import Denied
 
 
@@ -40,6 +40,19 @@ def names_namespace(quota: GpuQuota, namespace: str, labels: Mapping[str, str]) 
     if namespace in quota.namespaces:
         return True
     return quota.namespace_selector is not None and selector_matches(quota.namespace_selector, labels)
+
+
+def lineage(name: str, quota_of: Callable[[str], GpuQuota | None]) -> list[GpuQuota]:
+    """The quota `name` and its ancestors, nearest first, as `quota_of` knows them (a cycle or a
+    missing ancestor ends it)."""
+    chain: list[GpuQuota] = []
+    while name and len(chain) < 64 and all(item.name != name for item in chain):
+        quota = quota_of(name)
+        if quota is None:
+            break
+        chain.append(quota)
+        name = quota.parent
+    return chain
 
 
 def needs_labels(lineage: Sequence[GpuQuota]) -> bool:
@@ -91,10 +104,16 @@ def _refused(quota: str, namespace: str, what: str, why: str) -> Denied:
     )
 
 
+def default_quota(labels: Mapping[str, str]) -> str:
+    """The GpuQuota a namespace names for its workloads that take GPUs and name none ("" if none)."""
+    return str(labels.get(DEFAULT_QUOTA_LABEL) or "")
+
+
 def quota_required(namespace: str, labels: Mapping[str, str], what: str, takes_gpus: bool) -> Denied | None:
     """A namespace labelled `gpuforge.io/quota-required: "true"` refuses a workload that takes GPUs and
-    names no quota: there nothing could charge it, and the GPUs would go unaccounted."""
-    if not takes_gpus or labels.get(QUOTA_REQUIRED_LABEL) != "true":
+    names no quota: there nothing could charge it, and the GPUs would go unaccounted. A namespace with
+    a default quota charges such workloads to it instead."""
+    if not takes_gpus or labels.get(QUOTA_REQUIRED_LABEL) != "true" or default_quota(labels):
         return None
     return Denied(
         message=(

@@ -446,6 +446,19 @@ def quota_label(obj: Mapping[str, Any]) -> str:
     return found[0][0] if found else ""
 
 
+def charged_quota(obj: Mapping[str, Any], default: str = "") -> str:
+    """The quota a workload is charged to: the one it names, else its namespace's default quota
+    (`default`, the namespace's gpuforge.io/default-quota label) when it takes GPUs. An object a
+    workload controller made names none and is charged to its owner."""
+    named = quota_label(obj)
+    if named or not default or is_controlled_by_workload(obj):
+        return named
+    try:
+        return default if takes_gpus(obj) else ""
+    except WorkloadError:
+        return ""
+
+
 def quota_label_conflict(obj: Mapping[str, Any]) -> str:
     """Why the object's and its pod templates' quota labels disagree ("" when they do not)."""
     own = str(labels_of(obj).get(QUOTA_LABEL) or "")
@@ -579,10 +592,12 @@ def workload_usage(
     replicas: int | None = None,
     strict_claims: bool = True,
     defaults: ContainerDefaults | None = None,
+    default_quota: str = "",
 ) -> WorkloadUsage:
     """Whole usage of a workload object, all its pod templates together; `replicas` overrides the
     object's replica count (the scale subresource); `defaults` are the namespace's LimitRange defaults,
-    filled in as the API server will for its pods. Named ResourceClaims are shared: each counts once."""
+    filled in as the API server will for its pods; `default_quota` the namespace's default quota
+    (charged_quota). Named ResourceClaims are shared: each counts once."""
     if replicas is not None:
         obj = _scaled_to(obj, replicas)
     idle = holds_nothing(obj)
@@ -623,7 +638,7 @@ def workload_usage(
         kind=str(obj.get("kind")),
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),
-        quota=quota_label(obj),
+        quota=charged_quota(obj, default_quota),
         replicas=pods,
         usage={key: amount for key, amount in total.items() if amount},
         generation=generation_of(obj),

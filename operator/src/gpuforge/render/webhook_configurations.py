@@ -4,7 +4,8 @@ The operator calls `render_webhook_configurations` when a GpuStack sets `quota.e
 client config), and `gpuforge webhook run --register` with a URL on loopback. Scope is kept narrow so a
 fail-closed webhook can only block what it governs: system namespaces are excluded, matchConditions pass
 only objects labelled gpuforge.io/quota (on themselves or their pod template) that no workload controller
-owns (and, from namespaces labelled gpuforge.io/quota-required=true, those naming no quota), and scales
+owns (and, from namespaces labelled gpuforge.io/quota-required=true or gpuforge.io/default-quota, those
+naming no quota), and scales
 that grow, never a scale-down; the timeout is short. An outage so refuses only growth of labelled
 workloads (and any `kubectl scale` up: a Scale carries no labels).
 """
@@ -12,12 +13,20 @@ workloads (and any `kubectl scale` up: a Scale carries no labels).
 from __future__ import annotations
 
 import base64
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from gpuforge.api.workloadkinds import WORKLOAD_KINDS, WorkloadKind, plurals_by_group
-from gpuforge.constants import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, QUOTA_LABEL, QUOTA_REQUIRED_LABEL
+from gpuforge.constants import (
+    DEFAULT_QUOTA_LABEL,
+    GROUP,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    QUOTA_LABEL,
+    QUOTA_REQUIRED_LABEL,
+)
 
 WORKLOADS_PATH: Final = "/validate-workloads"
 SCALE_PATH: Final = "/validate-scale"
@@ -163,10 +172,13 @@ _SCALE_UP = (
 )
 
 
-def _namespace_selector(excluded: Sequence[str], **match_labels: str) -> dict[str, Any]:
+def _namespace_selector(
+    excluded: Sequence[str], *, expressions: Sequence[dict[str, Any]] = (), **match_labels: str
+) -> dict[str, Any]:
     selector: dict[str, Any] = {
         "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(set(excluded))}
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(set(excluded))},
+            *expressions,
         ]
     }
     if match_labels:
@@ -238,23 +250,42 @@ def render_webhook_configurations(
             {"name": "not-a-scale-down", "expression": _NOT_A_SCALE_DOWN},
         ],
     )
+    unlabelled_rules = [
+        *_workload_rules(["CREATE", "UPDATE"]),
+        _rule("", ["pods"], ["CREATE"]),
+    ]
+    unlabelled_conditions = [
+        {"name": "names-no-quota", "expression": f"!({_LABELLED})"},
+        {"name": "not-owned-by-a-workload", "expression": _NOT_CONTROLLED_AT_ALL},
+    ]
+    no_default = {"key": DEFAULT_QUOTA_LABEL, "operator": "DoesNotExist"}
     # Namespaces that require a quota: workloads naming none come too, and are refused if they take
     # GPUs. A webhook of its own, so that elsewhere unlabelled objects never reach the webhook.
     required = _webhook(
         f"required.quota.{GROUP}",
         target,
         WORKLOADS_PATH,
-        [
-            *_workload_rules(["CREATE", "UPDATE"]),
-            _rule("", ["pods"], ["CREATE"]),
-        ],
+        copy.deepcopy(unlabelled_rules),
         failure_policy,
         timeout_seconds,
-        namespaceSelector=_namespace_selector(excluded, **{QUOTA_REQUIRED_LABEL: "true"}),
-        matchConditions=[
-            {"name": "names-no-quota", "expression": f"!({_LABELLED})"},
-            {"name": "not-owned-by-a-workload", "expression": _NOT_CONTROLLED_AT_ALL},
-        ],
+        namespaceSelector=_namespace_selector(
+            excluded, expressions=[no_default], **{QUOTA_REQUIRED_LABEL: "true"}
+        ),
+        matchConditions=copy.deepcopy(unlabelled_conditions),
+    )
+    # Namespaces with a default quota: workloads naming none come too, and are charged to it if they
+    # take GPUs (such a namespace need not require a quota as well: the default one is charged).
+    defaulted = _webhook(
+        f"default.quota.{GROUP}",
+        target,
+        WORKLOADS_PATH,
+        unlabelled_rules,
+        failure_policy,
+        timeout_seconds,
+        namespaceSelector=_namespace_selector(
+            excluded, expressions=[{"key": DEFAULT_QUOTA_LABEL, "operator": "Exists"}]
+        ),
+        matchConditions=unlabelled_conditions,
     )
     scale = _webhook(
         f"scale.quota.{GROUP}",
@@ -278,7 +309,7 @@ def render_webhook_configurations(
         timeout_seconds,
     )
     return [
-        _configuration(f"{name}-workloads", metadata_labels, [workloads, required, scale]),
+        _configuration(f"{name}-workloads", metadata_labels, [workloads, required, defaulted, scale]),
         _configuration(f"{name}-tree", metadata_labels, [tree]),
     ]
 

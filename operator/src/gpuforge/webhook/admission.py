@@ -21,7 +21,7 @@ import aiohttp
 
 from gpuforge.api.gpuquota import KIND, PLURAL, GpuQuota
 from gpuforge.api.workloadkinds import WORKLOAD_KINDS as KIND_TABLE
-from gpuforge.constants import GROUP, QUOTA_LABEL
+from gpuforge.constants import DEFAULT_QUOTA_LABEL, GROUP, QUOTA_LABEL
 from gpuforge.k8s.quota import ApiError, Informer, QuotaApi
 from gpuforge.quota.admission import (
     ROOT_VERB,
@@ -42,13 +42,14 @@ from gpuforge.quota.draextended import DeviceClassMap
 from gpuforge.quota.ledger import Ledger
 from gpuforge.quota.limitranges import ContainerDefaults
 from gpuforge.quota.models import claim_products, claimed_model_problem
-from gpuforge.quota.tenancy import admit_namespace, needs_labels, quota_required
+from gpuforge.quota.tenancy import admit_namespace, default_quota, needs_labels, quota_required
 from gpuforge.quota.usage import (
     WORKLOAD_KINDS,
     ClaimCatalog,
     OwnerRef,
     WorkloadError,
     WorkloadUsage,
+    charged_quota,
     charged_to_owner,
     claim_usage,
     cronjob_label_unreached,
@@ -121,18 +122,22 @@ async def claim_catalog(api: QuotaApi, namespace: str, obj: Mapping[str, Any]) -
     )
 
 
-def trivially_allowed(request: AdmissionRequest) -> bool:
+def trivially_allowed(request: AdmissionRequest, default: str | None = "") -> bool:
     """Requests any replica may allow without the ledger: workloads that name no quota (on the object
-    or its pod template), that a workload controller owns (charged to their owner), or that are not
-    created or updated. A pod that names a controller is not, nor is a pod's resize: any pod can claim
+    or its pod template) and are not charged to their namespace's default quota (`default`: "" for
+    none, None when not known here), that a workload controller owns (charged to their owner), or that
+    are not created or updated. A pod that names a controller is not, nor is a pod's resize: any pod can claim
     an owner, and whether it exists is for the leader to see."""
     if request.kind == "GpuQuota" or request.sub_resource in ("scale", "resize"):
         return False
     obj = request.object
     if obj is None or request.operation not in ("CREATE", "UPDATE"):
         return True
-    if not quota_label({"kind": request.kind, **obj}):
-        return True  # allowed, unless its namespace requires a quota: any replica can tell (required)
+    typed = {"kind": request.kind, **obj}
+    if not quota_label(typed):
+        # Allowed, unless its namespace requires a quota (any replica can tell: required) or charges
+        # it to a default quota; a namespace the cache does not hold yet is for the leader to read.
+        return default is not None and not charged_quota(typed, default)
     return request.kind != "Pod" and is_controlled_by_workload(obj)
 
 
@@ -158,6 +163,21 @@ class AdmissionHandlers:
     @property
     def ledger(self) -> Ledger:
         return self.leadership.ledger
+
+    def cached_default_quota(self, namespace: str) -> str | None:
+        """The namespace's default quota from the watch cache ("" for none; None when not cached). Without
+        a namespace watch (handlers built for one request path, as in tests) no namespace has one."""
+        if self.namespaces is None:
+            return ""
+        cached = self.namespaces.get(namespace)
+        return default_quota(labels_of(cached)) if cached is not None else None
+
+    async def _default_for(self, request: AdmissionRequest, obj: Mapping[str, Any]) -> str:
+        """The namespace's default quota when `obj` names none ("" otherwise): watch-fed, read only
+        for a namespace the cache has not seen yet."""
+        if quota_label(obj):
+            return ""
+        return default_quota(await self._namespace_labels(request.namespace))
 
     def _refusal(self, quota_name: str) -> Denied | None:
         """Why no admission to `quota_name` may be decided now (None: it may)."""
@@ -255,18 +275,31 @@ class AdmissionHandlers:
         unnamed = await self.required(request)
         if unnamed is not None:
             return unnamed
-        if trivially_allowed(request):
+        if request.object is None or request.operation not in ("CREATE", "UPDATE"):
             return Allowed()
-        assert request.object is not None
         obj = {"kind": request.kind, **request.object}
+        default = await self._default_for(request, obj)
+        if trivially_allowed(request, default):
+            return Allowed()
         where = f"{request.kind} {request.namespace}/{request.name}"
         conflict = quota_label_conflict(obj) or cronjob_label_unreached(obj)
         if conflict:
             return Denied(f"{where}: {conflict}", reason="Invalid", code=422)
-        quota_name = quota_label(obj)
+        resize = request.sub_resource == "resize"
+        quota_name = quota_label(obj) or ("" if resize else charged_quota(obj, default))
         if not quota_name:
             return Allowed()  # a resize of a pod that names no quota
-        resize = request.sub_resource == "resize"
+        if not quota_label(obj) and request.kind == "Pod" and workload_controller(obj) is None:
+            # The usage controller watches pods by their label: an unlabelled bare pod would go uncounted.
+            return Denied(
+                f"{where}: a Pod that takes GPUs in namespace {request.namespace!r} is charged to its "
+                f"default GpuQuota {quota_name!r} ({DEFAULT_QUOTA_LABEL}); a bare Pod must carry the "
+                f"label itself: {QUOTA_LABEL}={quota_name}",
+                quota=quota_name,
+                key=QUOTA_LABEL,
+                reason="Invalid",
+                code=422,
+            )
         owner_ref = workload_controller(obj) if request.kind == "Pod" and not resize else None
         if owner_ref is not None and charged_to_owner(obj, await self._owner(request.namespace, owner_ref)):
             return Allowed()  # made by a workload charged to the same quota
@@ -284,7 +317,7 @@ class AdmissionHandlers:
         if (
             request.operation == "UPDATE"
             and old is not None
-            and quota_label(old) == quota_name
+            and charged_quota(old, "" if quota_label(old) else default) == quota_name
             and (request.kind == "Pod" or not is_controlled_by_workload(old))
         ):
             try:
@@ -330,6 +363,8 @@ class AdmissionHandlers:
         except WorkloadError as error:
             return Denied(f"{where}: {error}", reason="Invalid", code=422)
         labels = await self._namespace_labels(request.namespace) if gpus else {}
+        if gpus and default_quota(labels):
+            return None  # charged to the namespace's default quota
         return quota_required(request.namespace, labels, where, gpus) or Allowed()
 
     async def _owner(self, namespace: str, ref: OwnerRef) -> Mapping[str, Any] | None:
@@ -366,7 +401,7 @@ class AdmissionHandlers:
         if workload is None:
             return Allowed()
         workload = {"kind": kind, **workload}
-        quota_name = quota_label(workload)
+        quota_name = charged_quota(workload, await self._default_for(request, workload))
         if not quota_name or is_controlled_by_workload(workload):
             return Allowed()
         try:

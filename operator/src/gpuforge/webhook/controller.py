@@ -52,17 +52,20 @@ from gpuforge.quota.reconcile import (
     settled_only,
     status_differs,
 )
+from gpuforge.quota.tenancy import admit_namespace, default_quota, lineage
 from gpuforge.quota.usage import (
     WORKLOAD_KINDS,
     ClaimCatalog,
     WorkloadError,
     WorkloadUsage,
+    charged_quota,
     charged_to_owner,
     claim_usage,
     finish_status,
     generation_of,
     holds_nothing,
     is_controlled_by_workload,
+    labels_of,
     pod_usage,
     quota_label,
     referenced_claims,
@@ -94,6 +97,7 @@ LIMIT_RANGE = "LimitRange"
 DEVICE_CLASS = "DeviceClass"
 BY_NAMESPACE = "namespace"
 BY_QUOTA = "quota"  # the workload caches' index: the quota a workload is charged to
+BY_DEFAULTED = "defaulted"  # ... and the namespace of those its namespace's default quota is charged for
 # A pass gives waiting admissions the loop after this many workloads, however many there are.
 YIELD_EVERY = 256
 
@@ -106,6 +110,22 @@ def _quota_index(kind: str) -> Callable[[Obj], str | None]:
     return lambda obj: _quota_of({"kind": kind, **obj})
 
 
+# Any non-empty name: whether a workload would be charged to a namespace's default quota.
+_SOME_DEFAULT = "-"
+
+
+def _defaulted(obj: Obj) -> bool:
+    """Names no quota, yet would be charged to its namespace's default one (it takes GPUs and no
+    workload controller made it)."""
+    return not quota_label(obj) and bool(charged_quota(obj, _SOME_DEFAULT))
+
+
+def _defaulted_index(kind: str) -> Callable[[Obj], str | None]:
+    """The workload caches' second index: the namespace of a workload its namespace's default quota
+    would be charged for (which quota that is, the namespace decides, and can change)."""
+    return lambda obj: _namespace_of(obj) if _defaulted({"kind": kind, **obj}) else None
+
+
 def _selector(kind: str) -> str | None:
     """Pods are watched by their label; other workloads may carry it on their pod template only, which
     no label selector reaches, so they are watched whole and those naming no quota kept as a stub."""
@@ -114,7 +134,8 @@ def _selector(kind: str) -> str | None:
 
 def _kept_part(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def kept(obj: dict[str, Any]) -> dict[str, Any]:
-        if _quota_of({"kind": kind, **obj}) is None:
+        typed = {"kind": kind, **obj}
+        if _quota_of(typed) is None and not _defaulted(typed):
             metadata = obj.get("metadata") or {}
             names = ("name", "namespace", "uid", "resourceVersion", "generation", "ownerReferences")
             return {"metadata": {key: metadata[key] for key in names if key in metadata}}
@@ -204,6 +225,8 @@ class UsageController:
     # Whether each workload refers to DRA claims, by its resourceVersion.
     _claims: dict[tuple[str, str, str], tuple[str, bool]] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    # Each namespace's default quota as last seen (a change recounts the quotas it moves usage between).
+    _defaults: dict[str, str] = field(default_factory=dict)
     # The spec.hard keys each quota's metric series were exported for (removed with the quota or key).
     _exported: dict[str, set[str]] = field(default_factory=dict)
     # Set by the process's entry point (not by tests that run the webhook inside their own process).
@@ -224,13 +247,14 @@ class UsageController:
                 kind,
                 _selector(kind),
                 transform=_kept_part(kind),
-                indexes={BY_QUOTA: _quota_index(kind)},
+                indexes={BY_QUOTA: _quota_index(kind), BY_DEFAULTED: _defaulted_index(kind)},
             )
             for kind in WORKLOAD_KINDS
         }
         for kind, informer in self._workloads.items():
             informer.listeners.append(self._listener(kind))
         self.quotas.listeners.append(self._listener(KIND))
+        self.namespaces.listeners.append(self._namespace_changed)
         self.writer.on_reload = self.recount
         self.leadership.listeners.append(self.poke)  # a pass ends at once when its term does
 
@@ -262,6 +286,33 @@ class UsageController:
     def poke(self) -> None:
         self._dirty.set()
 
+    def default_of(self, namespace: str) -> str:
+        """The default quota of `namespace` that may charge it (the tenancy rules of its lineage, as
+        in admission), from the watch caches; "" when it names none or one that does not admit it."""
+        cached = self.namespaces.get(namespace)
+        labels = labels_of(cached) if cached is not None else {}
+        name = default_quota(labels)
+        if not name:
+            return ""
+        chain = lineage(name, self.ledger.quota)
+        if not chain or admit_namespace(chain, namespace, labels, "") is not None:
+            return ""
+        return name
+
+    def _charged(self, obj: Obj, namespace: str) -> str:
+        return quota_label(obj) or (charged_quota(obj, self.default_of(namespace)) if _defaulted(obj) else "")
+
+    def _namespace_changed(self, event_type: str, obj: Obj) -> None:
+        """A namespace's default quota changed: its defaulted workloads move between quotas."""
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        before = self._defaults.pop(name, "")
+        now = "" if event_type == "DELETED" else default_quota(labels_of(obj))
+        if now:
+            self._defaults[name] = now
+        if before != now and self.leadership.holds_ledger():
+            self._dirty_quotas.update({before, now} - {""})
+            self.poke()
+
     def recount(self, name: str) -> None:
         """Count `name` again at the next pass (its object was replaced)."""
         self._dirty_quotas.add(name)
@@ -271,7 +322,7 @@ class UsageController:
         def changed(event_type: str, obj: Obj) -> None:
             _, namespace, name = _key(obj, kind)
             ref = workload_ref(kind, namespace, name)
-            label = quota_label({"kind": kind, **obj}) if kind != KIND else ""
+            label = self._charged({"kind": kind, **obj}, namespace) if kind != KIND else ""
             previous = self._seen.get(ref)
             if kind == KIND:  # a quota's own hard, and its parent's carve-out of it
                 touched = {name, str((obj.get("spec") or {}).get("parent") or "")}
@@ -433,6 +484,8 @@ class UsageController:
             self._tasks[kind] = asyncio.create_task(informer.run())
         for informer in (*self._workloads.values(), self.quotas):
             await informer.synced.wait()
+        if NAMESPACE in self._tasks:  # the namespaces' default quotas, watched since the process began
+            await self.namespaces.synced.wait()
 
     async def _stop(self, kind: str) -> None:
         task = self._tasks.pop(kind, None)
@@ -465,27 +518,38 @@ class UsageController:
     async def _list_workloads(self, quotas: set[str] | None) -> dict[str, list[dict[str, Any]]]:
         """Labelled workloads by kind (those charged to `quotas`, or all): from the watch caches when
         running, else listed."""
+        defaulting = sorted(
+            namespace
+            for namespace in self._defaults
+            if (quota := self.default_of(namespace)) and (quotas is None or quota in quotas)
+        )
         if all(informer.synced.is_set() for informer in self._workloads.values()):
             if quotas is None:
                 return {
-                    kind: [item for item in informer.store.values() if _quota_index(kind)(item)]
+                    kind: [
+                        *(item for item in informer.store.values() if _quota_index(kind)(item)),
+                        *informer.store.indexed(BY_DEFAULTED, defaulting),
+                    ]
                     for kind, informer in self._workloads.items()
                 }
             return {
-                kind: informer.store.indexed(BY_QUOTA, sorted(quotas))
+                kind: [
+                    *informer.store.indexed(BY_QUOTA, sorted(quotas)),
+                    *informer.store.indexed(BY_DEFAULTED, defaulting),
+                ]
                 for kind, informer in self._workloads.items()
             }
         lists = await asyncio.gather(
             *(self.api.list_objects(kind, label_selector=_selector(kind)) for kind in WORKLOAD_KINDS)
         )
-        return {
-            kind: [
-                item
-                for item in items
-                if _quota_index(kind)(item) and (quotas is None or _quota_index(kind)(item) in quotas)
-            ]
-            for kind, items in zip(WORKLOAD_KINDS, lists, strict=True)
-        }
+        result: dict[str, list[dict[str, Any]]] = {}
+        for kind, items in zip(WORKLOAD_KINDS, lists, strict=True):
+            result[kind] = []
+            for item in items:
+                charged = self._charged({"kind": kind, **item}, _namespace_of(item) or "")
+                if charged and (quotas is None or charged in quotas):
+                    result[kind].append(item)
+        return result
 
     def _uses_claims(self, key: tuple[str, str, str], obj: Obj) -> bool:
         """Does the workload refer to ResourceClaims or templates? Remembered by resourceVersion."""
@@ -595,11 +659,11 @@ class UsageController:
             root = self._root(snap, {**pod, "kind": "Pod"})
             if root is None:
                 continue
-            quota = quota_label(root)
+            namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+            quota = self._charged(root, namespace)
             started, finished = pod_run_window(pod)
             if not quota or started is None:
                 continue
-            namespace = str((pod.get("metadata") or {}).get("namespace") or "")
             try:
                 per_pod, _ = pod_usage(
                     pod.get("spec") or {},
@@ -637,7 +701,10 @@ class UsageController:
         for index, (key, obj) in enumerate(snap.workloads.items()):
             if index % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
+            default = self.default_of(key[1]) if _defaulted(obj) else ""
+            # The usage of a workload its namespace's default quota is charged for depends on that too.
             version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            version = f"{version}/{default}" if version and default else version
             known = self._usages.get(key)
             if version and known is not None and known[0] == version:
                 usage = known[1]
@@ -648,6 +715,7 @@ class UsageController:
                         self._catalog_of(snap, key[1]),
                         strict_claims=False,
                         defaults=self.container_defaults(key[1]),
+                        default_quota=default,
                     )
                 except WorkloadError as error:
                     log.warning("cannot count %s/%s: %s", obj.get("kind"), key[2], error)

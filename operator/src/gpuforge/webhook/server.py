@@ -92,7 +92,7 @@ def make_app(
                 forwarder is not None
                 and handlers.leadership.is_follower()
                 and FORWARDED_HEADER not in request.headers  # else: it came here as the leader; deny
-                and not trivially_allowed(review)
+                and not trivially_allowed(review, handlers.cached_default_quota(review.namespace))
             ):
                 forwarded = await forwarder.forward(request.path, body, review)
                 response = _answer(review, forwarded) if isinstance(forwarded, Denied) else forwarded

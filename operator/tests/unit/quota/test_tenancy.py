@@ -190,3 +190,32 @@ def test_the_root_refusal_names_the_verb_and_the_user() -> None:
     assert denied.message == (
         'creating root GpuQuota "org" needs the RBAC verb "root" on gpuquotas.gpuforge.io (user alice)'
     )
+
+
+def test_default_quota_and_required_namespaces() -> None:
+    from gpuforge.quota.tenancy import default_quota, quota_required
+
+    assert default_quota({"gpuforge.io/default-quota": "team"}) == "team"
+    assert default_quota({}) == ""
+    required = {"gpuforge.io/quota-required": "true"}
+    assert quota_required("ns", required, "Deployment ns/w", True) is not None
+    # A namespace with a default quota charges the workload to it instead of refusing it.
+    assert (
+        quota_required("ns", {**required, "gpuforge.io/default-quota": "team"}, "Deployment ns/w", True)
+        is None
+    )
+
+
+def test_lineage_follows_parents_and_stops_at_cycles() -> None:
+    from gpuforge.quota.tenancy import lineage
+
+    quotas = {
+        "leaf": GpuQuota(name="leaf", parent="mid", hard={}),
+        "mid": GpuQuota(name="mid", parent="root", hard={}),
+        "root": GpuQuota(name="root", parent="", hard={}),
+        "a": GpuQuota(name="a", parent="b", hard={}),
+        "b": GpuQuota(name="b", parent="a", hard={}),
+    }
+    assert [q.name for q in lineage("leaf", quotas.get)] == ["leaf", "mid", "root"]
+    assert [q.name for q in lineage("a", quotas.get)] == ["a", "b"]
+    assert lineage("missing", quotas.get) == []

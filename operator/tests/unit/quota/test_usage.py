@@ -8,6 +8,7 @@ from gpuforge.quota.models import claim_products
 from gpuforge.quota.usage import (
     ClaimCatalog,
     WorkloadError,
+    charged_quota,
     charged_to_owner,
     claim_usage,
     finish_status,
@@ -371,3 +372,36 @@ def test_a_pod_is_charged_to_its_controller_only_if_it_exists_with_the_quota(
     pod: dict[str, Any], owner: dict[str, Any] | None, owner_pays: bool
 ) -> None:
     assert charged_to_owner(pod, owner) is owner_pays
+
+
+@pytest.mark.parametrize(
+    ("obj", "default", "charged"),
+    [
+        (workload("Deployment", ONE_GPU), "dflt", "team"),  # names its own
+        ({**workload("Deployment", ONE_GPU), "metadata": {"name": "w", "namespace": "ns"}}, "dflt", "dflt"),
+        ({**workload("Deployment", ONE_GPU), "metadata": {"name": "w", "namespace": "ns"}}, "", ""),
+        (  # takes no GPU: not charged to the default
+            {**workload("Deployment", pod_spec(container({"cpu": "1"}))), "metadata": {"name": "w"}},
+            "dflt",
+            "",
+        ),
+        (  # made by a workload controller: charged to its owner
+            {
+                **workload("Pod", ONE_GPU),
+                "metadata": {
+                    "name": "p",
+                    "ownerReferences": [
+                        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "controller": True}
+                    ],
+                },
+            },
+            "dflt",
+            "",
+        ),
+    ],
+)
+def test_charged_quota_falls_back_to_the_namespace_default(
+    obj: dict[str, Any], default: str, charged: str
+) -> None:
+    assert charged_quota(obj, default) == charged
+    assert workload_usage(obj, default_quota=default).quota == charged

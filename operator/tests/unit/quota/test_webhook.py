@@ -243,7 +243,7 @@ def test_configurations_are_narrow() -> None:
         failure_policy="Ignore",
         excluded_namespaces=["gpuforge"],
     )
-    hook, required, scale = workloads["webhooks"]
+    hook, required, defaulted, scale = workloads["webhooks"]
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:8443/validate-workloads"
     assert hook["clientConfig"]["caBundle"] == "Q0E="
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
@@ -285,6 +285,14 @@ def test_configurations_are_narrow() -> None:
     assert required["namespaceSelector"]["matchLabels"] == {"gpuforge.io/quota-required": "true"}
     assert required["matchConditions"][0]["expression"].startswith("!(")
     assert "pods" not in required["matchConditions"][1]["expression"].split("||")[0]
+    # ... unless they have a default quota; those send them to the default's webhook, which charges it.
+    default_label = {"key": "gpuforge.io/default-quota", "operator": "DoesNotExist"}
+    assert default_label in required["namespaceSelector"]["matchExpressions"]
+    assert {"key": "gpuforge.io/default-quota", "operator": "Exists"} in defaulted["namespaceSelector"][
+        "matchExpressions"
+    ]
+    assert defaulted["matchConditions"] == required["matchConditions"]
+    assert defaulted["rules"] == required["rules"]
     (scale_up,) = scale["matchConditions"]
     assert scale_up["name"] == "scale-up" and "> (has(oldObject.spec.replicas)" in scale_up["expression"]
     assert tree["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]

@@ -97,3 +97,35 @@ async def test_limit_range_defaults_are_counted() -> None:
     shell.handlers.container_defaults = lambda _ns: ContainerDefaults(limits={"cpu": "2"})
     decision = await shell.handlers.workloads(request("Deployment", deployment("a", "")))
     assert isinstance(decision, Denied) and "asks limits.cpu=2 but only 1 is left" in decision.message
+
+
+def test_an_unlabelled_gpu_workload_is_for_the_leader_where_a_default_quota_charges_it() -> None:
+    from gpuforge.webhook.admission import trivially_allowed
+
+    body = {
+        "metadata": {"name": "w", "namespace": "ns"},
+        "spec": {
+            "replicas": 1,
+            "template": {
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}
+            },
+        },
+    }
+    request = AdmissionRequest(
+        uid="u",
+        kind="Deployment",
+        resource="deployments",
+        sub_resource="",
+        namespace="ns",
+        name="w",
+        operation="CREATE",
+        object=body,
+        old_object=None,
+        dry_run=False,
+        user="",
+        user_info={},
+    )
+    assert trivially_allowed(request)  # no default quota
+    assert trivially_allowed(request, "")
+    assert not trivially_allowed(request, "dflt")
+    assert not trivially_allowed(request, None)  # the namespace is not known here: the leader reads it
