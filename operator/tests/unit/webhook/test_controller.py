@@ -181,3 +181,43 @@ async def test_a_resync_stamps_the_time_but_still_puts_off_settling() -> None:
     assert shell.leadership.ledger.due() == ["a"]
     assert held is not None and held.status.last_reconcile_time == NOW
     assert len(held.status.reservations) == 1  # dropping it can still wait for a batch
+
+
+async def test_a_namespace_default_quota_counts_its_unlabelled_gpu_workloads() -> None:
+    unlabelled = deployment("w", "", 2)
+    del unlabelled["metadata"]["labels"]["gpuforge.io/quota"]
+    api = MemoryApi([quota("dflt"), quota("other")], [unlabelled])
+    shell = leading(api)
+    controller = shell.controller
+    namespace = {
+        "metadata": {"name": "ns", "resourceVersion": "1", "labels": {"gpuforge.io/default-quota": "dflt"}}
+    }
+
+    def seen(obj: dict[str, Any]) -> None:  # as the namespace watch delivers it
+        controller.namespaces.store.apply("MODIFIED", obj)
+        controller._namespace_changed("MODIFIED", obj)
+
+    seen(namespace)
+    await controller.reconcile_all()
+    held = shell.leadership.ledger.quota("dflt")
+    assert held is not None and held.status.used == {GPU: 2}
+    # The default moves: so does the usage of the workloads naming none.
+    seen(
+        {
+            "metadata": {
+                **namespace["metadata"],
+                "resourceVersion": "2",
+                "labels": {"gpuforge.io/default-quota": "other"},
+            }
+        }
+    )
+    await controller.reconcile_all()
+    moved, left = shell.leadership.ledger.quota("other"), shell.leadership.ledger.quota("dflt")
+    assert moved is not None and moved.status.used == {GPU: 2}
+    assert left is not None and left.status.used == {GPU: 0}
+    # A default quota that does not admit the namespace is charged nothing of it.
+    api.quotas["other"]["spec"]["namespaces"] = ["elsewhere"]
+    shell.leadership.ledger.load(quota_from_object(api.quotas["other"]))
+    await controller.reconcile_all()
+    refused = shell.leadership.ledger.quota("other")
+    assert refused is not None and refused.status.used.get(GPU, 0) == 0
