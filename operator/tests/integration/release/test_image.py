@@ -314,11 +314,23 @@ def test_webhook_in_the_image_enforces_the_quota_tree(
                 ),
                 timeout=60,
             )
+            # research-vision holds an H100 key: its workloads prove their model by the product they select.
+            not_h100 = {"nvidia.com/gpu.product": "NVIDIA-L4"}
             within = gpu_deployment(
-                "within", "research-vision", gpus=2, replicas=1, requests={"cpu": "100m", "memory": "1Gi"}
+                "within",
+                "research-vision",
+                gpus=2,
+                replicas=1,
+                requests={"cpu": "100m", "memory": "1Gi"},
+                node_selector=not_h100,
             )
             beyond = gpu_deployment(
-                "beyond", "research-vision", gpus=8, replicas=2, requests={"cpu": "100m", "memory": "1Gi"}
+                "beyond",
+                "research-vision",
+                gpus=8,
+                replicas=2,
+                requests={"cpu": "100m", "memory": "1Gi"},
+                node_selector=not_h100,
             )
             # The tree's research quotas admit namespaces default and ml only; the test's own namespace
             # may charge none of them.
