@@ -96,3 +96,14 @@ def test_the_default_quota_must_admit_the_namespace(quotas: Quotas, namespace: s
     name_default(core, namespace, name)
     refused = create(apps, namespace, unlabelled("w")).replace('\\"', '"')
     assert f'namespace "{namespace}" may not charge GpuQuota "{name}"' in refused
+
+
+def test_a_default_quota_answers_a_namespace_that_requires_one(
+    quotas: Quotas, namespace: str, api_client: Any
+) -> None:
+    quotas.create("answers", {GPU: 1})
+    core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+    core.patch_namespace(namespace, {"metadata": {"labels": {"gpuforge.io/quota-required": "true"}}})
+    name_default(core, namespace, quotas.name("answers"))
+    assert create(apps, namespace, unlabelled("w")) == "admitted"  # charged, not refused as naming none
+    wait_for("the controller to count 1", lambda: quotas.used("answers") == "1", timeout=10)
