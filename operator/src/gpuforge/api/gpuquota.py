@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Final
 
@@ -109,6 +109,22 @@ class GpuQuotaStatus:
     reservations: tuple[Reservation, ...] = ()
     last_reconcile_time: datetime | None = None
     conditions: tuple[Condition, ...] = ()
+    # Start of the budget period the `cash/` spending counts in (with spec.refill); kept in status so
+    # that a new leader knows whether a boundary passed while none was running.
+    last_refill_time: datetime | None = None
+
+
+# The shortest refill period (spec.refill.period); the CRD refuses shorter ones.
+MIN_REFILL_PERIOD: Final = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class BudgetRefill:
+    """spec.refill: the `cash/` budgets start afresh every `period`, at `anchor + k * period` (from the
+    quota's first refill time when no anchor is given). Unspent hours do not carry over."""
+
+    period: timedelta
+    anchor: datetime | None = None
 
 
 # LabelSelector operators (metav1.LabelSelectorOperator).
@@ -142,6 +158,7 @@ class GpuQuota:
     # Namespaces whose workloads may charge this quota: listed by name, or matched by the selector.
     namespaces: tuple[str, ...] = ()
     namespace_selector: LabelSelector | None = None
+    refill: BudgetRefill | None = None
 
     @property
     def is_root(self) -> bool:

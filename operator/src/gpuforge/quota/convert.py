@@ -6,15 +6,18 @@ exactly what to fix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from gpuforge.api.gpuquota import (
     API_VERSION,
     KIND,
+    MIN_REFILL_PERIOD,
     SELECTOR_OPERATORS,
+    BudgetRefill,
     Condition,
     GpuQuota,
     GpuQuotaStatus,
@@ -115,6 +118,48 @@ def _selector(value: object, field: str) -> LabelSelector | None:
     return LabelSelector(dict(labels), tuple(requirements))
 
 
+# A Kubernetes duration of hours, minutes and seconds, as the CRD's pattern for spec.refill.period.
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(value: object, field: str) -> timedelta:
+    match = _DURATION.match(value) if isinstance(value, str) and value else None
+    if match is None:
+        raise QuotaSpecError(f"{field}: expected a duration such as 168h or 90m, got {value!r}")
+    hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    seconds = int(value.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    text = (
+        (f"{hours}h" if hours else "")
+        + (f"{minutes}m" if minutes else "")
+        + (f"{seconds}s" if seconds else "")
+    )
+    return text or "0s"
+
+
+def _refill(value: object, field: str) -> BudgetRefill | None:
+    if value is None:
+        return None
+    raw = _mapping(value, field)
+    period = parse_duration(raw.get("period"), f"{field}.period")
+    if period < MIN_REFILL_PERIOD:
+        raise QuotaSpecError(f"{field}.period: must be at least {format_duration(MIN_REFILL_PERIOD)}")
+    anchor = raw.get("anchor")
+    return BudgetRefill(period, parse_time(anchor, f"{field}.anchor") if anchor is not None else None)
+
+
+def refill_to_object(refill: BudgetRefill) -> dict[str, Any]:
+    result: dict[str, Any] = {"period": format_duration(refill.period)}
+    if refill.anchor is not None:
+        result["anchor"] = format_time(refill.anchor)
+    return result
+
+
 def selector_to_object(selector: LabelSelector) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if selector.match_labels:
@@ -150,6 +195,7 @@ def quota_from_object(obj: Mapping[str, Any], *, with_status: bool = True) -> Gp
         generation=_integer(metadata.get("generation"), "metadata.generation"),
         namespaces=_strings(spec.get("namespaces"), "spec.namespaces"),
         namespace_selector=_selector(spec.get("namespaceSelector"), "spec.namespaceSelector"),
+        refill=_refill(spec.get("refill"), "spec.refill"),
     )
 
 
@@ -192,6 +238,7 @@ def _status_from_object(status: Mapping[str, Any]) -> GpuQuotaStatus:
             )
         )
     last = status.get("lastReconcileTime")
+    refilled = status.get("lastRefillTime")
     return GpuQuotaStatus(
         hard=_resources(status.get("hard"), "status.hard"),
         used=_resources(status.get("used"), "status.used", allow_negative=True),
@@ -199,6 +246,7 @@ def _status_from_object(status: Mapping[str, Any]) -> GpuQuotaStatus:
         reservations=tuple(reservations),
         last_reconcile_time=parse_time(last, "status.lastReconcileTime") if last else None,
         conditions=tuple(conditions),
+        last_refill_time=parse_time(refilled, "status.lastRefillTime") if refilled else None,
     )
 
 
@@ -231,6 +279,8 @@ def status_to_object(status: GpuQuotaStatus) -> dict[str, Any]:
         ]
     if status.last_reconcile_time is not None:
         result["lastReconcileTime"] = format_time(status.last_reconcile_time)
+    if status.last_refill_time is not None:
+        result["lastRefillTime"] = format_time(status.last_refill_time)
     if status.conditions:
         result["conditions"] = [
             {
@@ -255,6 +305,8 @@ def quota_to_object(quota: GpuQuota) -> dict[str, Any]:
         spec["namespaces"] = list(quota.namespaces)
     if quota.namespace_selector is not None:
         spec["namespaceSelector"] = selector_to_object(quota.namespace_selector)
+    if quota.refill is not None:
+        spec["refill"] = refill_to_object(quota.refill)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

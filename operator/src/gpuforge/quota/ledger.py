@@ -95,6 +95,7 @@ class Ledger:
                 hard=quota.hard,
                 namespaces=quota.namespaces,
                 namespace_selector=quota.namespace_selector,
+                refill=quota.refill,
                 generation=quota.generation,
                 uid=quota.uid or entry.quota.uid,
                 resource_version=quota.resource_version,

@@ -3,7 +3,8 @@
 The controller calls `recompute_status` on events and on a periodic full resync. `used` is rebuilt from
 scratch (existing workloads, existing children, and reservations of admitted requests not seen yet), so
 usage reserved by a request that then failed is released once its reservation expires. Budgets are the
-one thing carried forward: `cash/` usage only grows, by the run time of pods since the last reconcile.
+one thing carried forward: `cash/` usage only grows, by the run time of pods since the last reconcile,
+until the quota's refill period (spec.refill) ends; the next period starts from what it accrues alone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpuforge.api.gpuquota import (
     CONDITION_OVER_QUOTA,
     CONDITION_RECONCILED,
     KIND,
+    BudgetRefill,
     Condition,
     GpuQuota,
     GpuQuotaStatus,
@@ -68,6 +70,38 @@ def accrue(
             if not is_cash_key(key):
                 total[f"{CASH_PREFIX}{key}"] = total.get(f"{CASH_PREFIX}{key}", ZERO) + amount * hours
     return {key: amount.quantize(CASH_RESOLUTION) for key, amount in total.items()}
+
+
+def budget_period_start(
+    refill: BudgetRefill, last_refill: datetime | None, now: datetime, speedup: float = 1.0
+) -> datetime:
+    """Start of the budget period `now` falls in: the latest `origin + k * period` not after `now`, the
+    origin being the anchor, else the last refill (else `now`: a quota's first period starts when the
+    controller first sees it). Pure, so a leader that starts after a boundary finds the same period as
+    one that ran through it. `speedup` shortens the period as it speeds up accrual (tests)."""
+    length = refill.period / speedup
+    origin = refill.anchor or last_refill or now
+    periods = (now - origin) // length
+    return origin + periods * length
+
+
+def budget_window(
+    refill: BudgetRefill | None,
+    last_refill: datetime | None,
+    last_reconcile: datetime | None,
+    now: datetime,
+    speedup: float = 1.0,
+) -> tuple[datetime, datetime | None, bool]:
+    """(accrue from, the period's start to record, whether spending starts afresh). Spending starts
+    afresh when a boundary passed since the recorded refill; it then counts only the run time after
+    that boundary. A quota given a refill schedule, or seen first, keeps what it spent until its first
+    boundary (adding the schedule is no refill)."""
+    since = last_reconcile or now
+    if refill is None:
+        return since, None, False
+    start = budget_period_start(refill, last_refill, now, speedup)
+    refilled = last_refill is not None and start > last_refill
+    return (max(since, start) if refilled else since), start, refilled
 
 
 def _time(value: object) -> datetime | None:
@@ -145,6 +179,9 @@ def recompute_status(
     now: datetime,
     reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
     deleted: Mapping[str, Seen] | None = None,
+    *,
+    period_start: datetime | None = None,
+    refilled: bool = False,
 ) -> GpuQuotaStatus:
     """A fresh status for `quota`: usage of `workloads` (those charged to it), what `children` hold of
     it (each child's hard, or its used where larger: gpuforge.quota.admission.charged_to_parent),
@@ -152,7 +189,10 @@ def recompute_status(
 
     `deleted` maps objects seen deleted (by ref) to their last generation and uid: a reservation for an
     object that was created and deleted before any recompute saw it is settled too. A settled
-    reservation is dropped: its usage is counted from its object from now on."""
+    reservation is dropped: its usage is counted from its object from now on.
+
+    `period_start` and `refilled` come from `budget_window`: a refilled budget forgets what it spent
+    before (`accrued` is then what ran since the period began)."""
     counted = [key for key in quota.hard if not is_cash_key(key)]
     live: dict[str, Seen] = {item.ref: (item.generation, item.uid) for item in workloads}
     for child in children:
@@ -175,7 +215,8 @@ def recompute_status(
             add(self_used, reservation.delta)
     accrued = restrict_to_keys(accrued, [key for key in quota.hard if is_cash_key(key)])
     for key in (key for key in quota.hard if is_cash_key(key)):
-        spent = quota.status.self_used.get(key, ZERO) + accrued.get(key, ZERO)
+        carried = ZERO if refilled else quota.status.self_used.get(key, ZERO)
+        spent = carried + accrued.get(key, ZERO)
         self_used[key] = spent
         used[key] = spent + sum((charged[child.name].get(key, ZERO) for child in children), ZERO)
     status = replace(
@@ -185,6 +226,7 @@ def recompute_status(
         self_used=self_used,
         reservations=tuple(pending),
         last_reconcile_time=now,
+        last_refill_time=period_start,
     )
     return with_conditions(replace(quota, status=status), now).status
 
@@ -236,6 +278,7 @@ def status_differs(old: GpuQuotaStatus, new: GpuQuotaStatus) -> bool:
             {k: v for k, v in status.used.items() if v},
             {k: v for k, v in status.self_used.items() if v},
             status.reservations,
+            status.last_refill_time,
             tuple(sorted((c.type, c.status, c.reason, c.message) for c in status.conditions)),
         )
 

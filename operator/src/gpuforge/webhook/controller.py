@@ -46,6 +46,7 @@ from gpuforge.quota.reconcile import (
     DEFAULT_RESERVATION_TTL,
     PodRun,
     accrue,
+    budget_window,
     children_of,
     pod_run_window,
     recompute_status,
@@ -755,10 +756,22 @@ class UsageController:
         """Recompute `quota` (the ledger's copy) and put the result in the ledger to be written. A full
         resync writes it even unchanged: its lastReconcileTime then says the controller looked."""
         now = self.clock()
-        since = quota.status.last_reconcile_time or now
+        since, period_start, refilled = budget_window(
+            quota.refill, quota.status.last_refill_time, quota.status.last_reconcile_time, now, self.speedup
+        )
         accrued = accrue(runs, since, now, self.speedup) if runs else {}
         deleted = {ref: (generation, uid) for ref, (generation, uid, _) in self._deleted.items()}
-        status = recompute_status(quota, children, usages, accrued, now, self.reservation_ttl, deleted)
+        status = recompute_status(
+            quota,
+            children,
+            usages,
+            accrued,
+            now,
+            self.reservation_ttl,
+            deleted,
+            period_start=period_start,
+            refilled=refilled,
+        )
         metrics.QUOTA_RECONCILED.labels(quota.name).set(now.timestamp())
         budgets = any(is_cash_key(key) for key in quota.hard)
         if not budgets and (not status_differs(quota.status, status) or self._defer_settling(quota, status)):

@@ -78,6 +78,7 @@ def test_status_round_trips_through_the_crd_schema() -> None:
         ),
         last_reconcile_time=NOW,
         conditions=(Condition("Reconciled", "True", "Recomputed", "", NOW),),
+        last_refill_time=NOW,
     )
     written = status_to_object(status)
     assert prune(written, status_schema()) == written
