@@ -3,7 +3,8 @@
 On workload and GpuQuota events (debounced) and on a full resync (default every 5 minutes) it takes
 the labelled workloads from watch-fed caches, recomputes `used`/`selfUsed` with the pure core
 (releasing reservations of requests that failed, settling those whose objects it sees), accrues
-`cash/` budgets from the run time of pods since `lastReconcileTime`, and puts the result in the ledger,
+`cash/` budgets from the run time of pods since `lastReconcileTime` (every pod that ran, from a watch of
+pods: gpuforge.quota.runs), and puts the result in the ledger,
 which the write-behind writes to each quota's status. When a budget becomes spent it records an Event
 and sets the budget metric; running pods are left alone, new workloads are denied by the webhook.
 
@@ -48,11 +49,11 @@ from gpuforge.quota.reconcile import (
     accrue,
     budget_window,
     children_of,
-    pod_run_window,
     recompute_status,
     settled_only,
     status_differs,
 )
+from gpuforge.quota.runs import PodJournal, run_part
 from gpuforge.quota.tenancy import admit_namespace, default_quota, lineage
 from gpuforge.quota.usage import (
     WORKLOAD_KINDS,
@@ -167,6 +168,15 @@ def _controller_owner(obj: Obj) -> tuple[str, str] | None:
     return None
 
 
+POD_RUNS = "PodRuns"  # the task watching every pod for the journal
+
+
+def _pod_name_only(obj: dict[str, Any]) -> dict[str, Any]:
+    metadata = obj.get("metadata") or {}
+    kept = {key: metadata[key] for key in ("name", "namespace", "uid", "resourceVersion") if key in metadata}
+    return {"kind": "Pod", "metadata": kept}
+
+
 def namespace_labels_only(obj: dict[str, Any]) -> dict[str, Any]:
     """What the namespaces' cache keeps: the name and labels tenancy decisions read."""
     metadata = obj.get("metadata") or {}
@@ -176,12 +186,10 @@ def namespace_labels_only(obj: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Snapshot:
-    """What exists, as far as quotas care: labelled workloads, their claims, and their pods."""
+    """What exists, as far as quotas care: labelled workloads and their claims."""
 
     workloads: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     catalogs: dict[str, ClaimCatalog] = field(default_factory=dict)
-    owned: dict[tuple[str, str, str], Obj] = field(default_factory=dict)  # ReplicaSets and Jobs of workloads
-    pods: list[Obj] = field(default_factory=list)
 
 
 @dataclass
@@ -217,6 +225,10 @@ class UsageController:
     device_classes: Informer = field(init=False)
     # LimitRanges: their container defaults are counted as the pods will get them.
     limit_ranges: Informer = field(init=False)
+    # Every pod (trimmed to what run time needs), feeding `journal` on the leader: budgets are charged
+    # for each pod that ran, however short, not only for those a pass happens to see.
+    pods: Informer = field(init=False)
+    journal: PodJournal = field(default_factory=PodJournal)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # Quotas an event may have changed since the last pass: a pass after events recomputes only these
     # (and quotas holding reservations); a pass after a quiet period (resync, accrual) recomputes all.
@@ -254,6 +266,9 @@ class UsageController:
         }
         for kind, informer in self._workloads.items():
             informer.listeners.append(self._listener(kind))
+        # The store keeps names only; the journal keeps what a run needs.
+        self.pods = Informer(self.api, "Pod", transform=_pod_name_only)
+        self.pods.listeners.append(self._pod_changed)
         self.quotas.listeners.append(self._listener(KIND))
         self.namespaces.listeners.append(self._namespace_changed)
         self.writer.on_reload = self.recount
@@ -313,6 +328,17 @@ class UsageController:
         if before != now and self.leadership.holds_ledger():
             self._dirty_quotas.update({before, now} - {""})
             self.poke()
+
+    def _owner(self, kind: str, namespace: str, name: str) -> Obj | None:
+        informer = self._workloads.get(kind)
+        return informer.get(name, namespace) if informer is not None else None
+
+    def _charged_top(self, obj: Obj) -> str:
+        """The quota the top of a pod's controllers is charged to (the pod journal asks)."""
+        return self._charged(obj, _namespace_of(obj) or "")
+
+    def _pod_changed(self, event_type: str, obj: Obj) -> None:
+        self.journal.observe(event_type, run_part(dict(obj)), self._owner, self.clock(), self._charged_top)
 
     def recount(self, name: str) -> None:
         """Count `name` again at the next pass (its object was replaced)."""
@@ -478,7 +504,10 @@ class UsageController:
         gc.freeze()
 
     async def _relist(self) -> None:
-        """(Re)start every informer: each lists its kind with a consistent read, then watches from there."""
+        """(Re)start every informer: each lists its kind with a consistent read, then watches from there.
+        Pods come last: the journal decides each pod's quota from its owners, which must be known."""
+        await self._stop(POD_RUNS)
+        self.journal.clear()
         for kind, informer in (*self._workloads.items(), (KIND, self.quotas)):
             await self._stop(kind)
             informer.synced.clear()
@@ -487,6 +516,9 @@ class UsageController:
             await informer.synced.wait()
         if NAMESPACE in self._tasks:  # the namespaces' default quotas, watched since the process began
             await self.namespaces.synced.wait()
+        self.pods.synced.clear()
+        self._tasks[POD_RUNS] = asyncio.create_task(self.pods.run())
+        await self.pods.synced.wait()
 
     async def _stop(self, kind: str) -> None:
         task = self._tasks.pop(kind, None)
@@ -495,9 +527,10 @@ class UsageController:
             await asyncio.wait([task])  # (a cancellation of this task itself still goes through)
 
     async def _stop_watching_workloads(self) -> None:
-        for kind, informer in self._workloads.items():
+        for kind, informer in (*self._workloads.items(), (POD_RUNS, self.pods)):
             await self._stop(kind)
             informer.synced.clear()
+        self.journal.clear()
 
     async def count(self, name: str) -> None:
         """Count `name` from the workloads now (a quota this leader has not recomputed yet)."""
@@ -564,7 +597,7 @@ class UsageController:
             self._claims[key] = (version, uses)
         return uses
 
-    async def snapshot(self, need_pods: bool, quotas: set[str] | None = None) -> Snapshot:
+    async def snapshot(self, quotas: set[str] | None = None) -> Snapshot:
         """What exists of the workloads charged to `quotas` (None: all)."""
         snap = Snapshot()
         seen = 0
@@ -576,21 +609,10 @@ class UsageController:
                 seen += 1
                 if seen % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-        namespaces = sorted({namespace for _, namespace, _ in snap.workloads})
         # Claims are read only where some workload refers to them (most use device-plugin requests).
         with_claims = sorted({key[1] for key, obj in snap.workloads.items() if self._uses_claims(key, obj)})
         for namespace in with_claims:
             snap.catalogs[namespace] = await self._catalog(namespace)
-        if need_pods:
-            for namespace in namespaces:
-                pods, replica_sets, jobs = await asyncio.gather(
-                    self.api.list_objects("Pod", namespace),
-                    self.api.list_objects("ReplicaSet", namespace),
-                    self.api.list_objects("Job", namespace),
-                )
-                snap.pods.extend(pods)
-                for item in (*replica_sets, *jobs):
-                    snap.owned[_key(item)] = item
         return snap
 
     def _pod_owner_pays(self, pod: Obj) -> bool:
@@ -637,43 +659,27 @@ class UsageController:
             claim_products=products(claims, False),
         )
 
-    def _root(self, snap: Snapshot, obj: Obj) -> Obj | None:
-        """The labelled workload a pod belongs to, following controller owners (Pod -> RS -> Deployment)."""
-        current, namespace = obj, str((obj.get("metadata") or {}).get("namespace") or "")
-        for _ in range(4):
-            key = _key(current)
-            if key in snap.workloads:
-                return snap.workloads[key]
-            owner = _controller_owner(current)
-            if owner is None:
-                return None
-            kind, name = owner
-            nxt = snap.workloads.get((kind, namespace, name)) or snap.owned.get((kind, namespace, name))
-            if nxt is None:
-                return None
-            current = {**nxt, "kind": kind}
-        return None
-
     def _runs(self, snap: Snapshot) -> dict[str, list[PodRun]]:
+        """Run time of every pod the journal charges to a quota: living, finished, and ended since the
+        quota's last charge."""
         runs: dict[str, list[PodRun]] = {}
-        for pod in snap.pods:
-            root = self._root(snap, {**pod, "kind": "Pod"})
-            if root is None:
-                continue
-            namespace = str((pod.get("metadata") or {}).get("namespace") or "")
-            quota = self._charged(root, namespace)
-            started, finished = pod_run_window(pod)
-            if not quota or started is None:
-                continue
-            try:
-                per_pod, _ = pod_usage(
-                    pod.get("spec") or {},
-                    catalog=snap.catalogs.get(namespace),
-                    strict_claims=False,
-                )
-            except WorkloadError:
-                continue
-            runs.setdefault(quota, []).append(PodRun(per_pod, started, finished))
+        self.journal.resolve(self._owner, self.clock(), self._charged_top)
+        for quota, items in self.journal.runs_by_quota().items():
+            for run in items:
+                started, finished = run.window
+                if started is None:
+                    continue
+                pod = run.pod
+                namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+                try:
+                    per_pod, _ = pod_usage(
+                        pod.get("spec") or {},
+                        catalog=snap.catalogs.get(namespace),
+                        strict_claims=False,
+                    )
+                except WorkloadError:
+                    continue
+                runs.setdefault(quota, []).append(PodRun(per_pod, started, finished))
         return runs
 
     async def reconcile_all(
@@ -695,7 +701,7 @@ class UsageController:
                 for quota in self.ledger.quotas()
                 if any((now - item.created).total_seconds() >= due_age for item in quota.status.reservations)
             }
-        snap = await self.snapshot(need_pods=has_budgets, quotas=only)
+        snap = await self.snapshot(quotas=only)
         usages: dict[str, list[WorkloadUsage]] = {}
         # A full pass keeps the usage of the workloads that exist, so the cache drops the others.
         usage_cache = {} if only is None else self._usages
@@ -740,8 +746,11 @@ class UsageController:
             self._apply(
                 quota, children.get(name, []), usages.get(name, []), runs.get(name, []), resync=resync
             )
+            self.journal.drain(name)  # charged up to now (or holding no budget): ended pods are done
             if index % 16 == 15:
                 await asyncio.sleep(0)
+        if only is None:
+            self.journal.forget_except(set(self.ledger.names()))
         return has_budgets
 
     def _apply(

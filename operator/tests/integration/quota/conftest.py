@@ -78,8 +78,10 @@ class WebhookProcess:
         lease_name: str = "",
         route: str = "none",
         env: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_args = extra_args  # after the defaults, so they win (e.g. a longer --accrual)
         [self.port] = free_ports(1)
         self.log_dir = log_dir
         self.register = register
@@ -123,6 +125,7 @@ class WebhookProcess:
             "--lease-duration",
             str(LEASE_SECONDS),
         ]
+        command += self.extra_args
         if self.elect:
             command.append("--leader-elect")
         if self.lease_name:

@@ -113,7 +113,7 @@ async def test_a_pass_reads_only_the_workloads_of_the_quotas_it_recomputes() -> 
             ({"b", "gone"}, {"wb"}),
             (set(), set()),
         ):
-            snap = await controller.snapshot(need_pods=False, quotas=only)
+            snap = await controller.snapshot(quotas=only)
             assert {name for _, _, name in snap.workloads} == expected, (synced, only)
     await controller.reconcile_all(only={"a"})
     held = shell.leadership.ledger.quota("a")
