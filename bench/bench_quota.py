@@ -29,7 +29,12 @@ Lease, behind one address, TLS on, the API server calling it, the calls routed t
 replicas share the port with SO_REUSEPORT and only the one taking calls listens on it, as the operator's
 Service selects the leader's pod: see REPLICA; each has its own port for forwarding).
 
+Then two arms of their own (bench/quota_arms.py): the same race of one-GPU Pods against a native
+ResourceQuota and against a GpuQuota, and the webhook's memory and admission p99 with 1,000 quotas and
+20,000 workloads.
+
 Usage: python bench/bench_quota.py --out bench/results/quota.json [--kubeconfig FILE]
+  [--arms latency,race,scale] [--race-pods 800] [--scale-quotas 1000] [--scale-workloads 20000]
 Without --kubeconfig a local control plane is started in a temporary state root and stopped.
 """
 
@@ -921,10 +926,49 @@ def _leader_answer_mean_ms(before: dict[str, dict[str, float]], after: dict[str,
     return 0.0
 
 
-async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
+ARMS = ("latency", "race", "scale")
+
+
+async def bench(
+    kubeconfig: Path,
+    work: Path,
+    arms: tuple[str, ...] = ARMS,
+    race_pods: int = 800,
+    scale_quotas: int = 1000,
+    scale_workloads: int = 20000,
+) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     loads: list[float] = []
     await apply_crd(kubeconfig)
+    if "latency" in arms:
+        results += await latency_arms(kubeconfig, work, loads)
+    if "race" in arms or "scale" in arms:
+        import quota_arms
+
+        async with Cluster(kubeconfig) as cluster:
+            if "race" in arms:
+                loads.append(os.getloadavg()[0])
+                webhook = Webhook(kubeconfig, work)
+                webhook.start()
+                try:
+                    ours = Registration(kubeconfig, webhook.configurations())
+                    ours.unregister()  # registered for its rounds only
+                    results += await quota_arms.race(cluster, webhook, ours, race_pods)
+                finally:
+                    webhook.stop()
+            if "scale" in arms:
+                loads.append(os.getloadavg()[0])
+                results += await quota_arms.scale(
+                    cluster, Webhook(kubeconfig, work), scale_quotas, scale_workloads
+                )
+    loads.append(os.getloadavg()[0])
+    results.append(result("load average (1 min) at each phase, highest", max(loads), ""))
+    results.append(result("load average (1 min) at each phase, lowest", min(loads), ""))
+    return results
+
+
+async def latency_arms(kubeconfig: Path, work: Path, loads: list[float]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
     webhook = Webhook(kubeconfig, work)
     floor = FloorWebhook(work)
     async with Cluster(kubeconfig) as cluster:
@@ -983,9 +1027,6 @@ async def bench(kubeconfig: Path, work: Path) -> list[dict[str, Any]]:
             for name in many:
                 await cluster.call("DELETE", f"/apis/gpuforge.io/v1alpha1/gpuquotas/{name}")
             await cluster.call("DELETE", "/api/v1/namespaces/bench-direct")
-    loads.append(os.getloadavg()[0])
-    results.append(result("load average (1 min) at each phase, highest", max(loads), ""))
-    results.append(result("load average (1 min) at each phase, lowest", min(loads), ""))
     return results
 
 
@@ -995,11 +1036,17 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--kubeconfig", type=Path)
+    parser.add_argument("--arms", default=",".join(ARMS), help="which arms to run (comma-separated)")
+    parser.add_argument("--race-pods", type=int, default=800)
+    parser.add_argument("--scale-quotas", type=int, default=1000)
+    parser.add_argument("--scale-workloads", type=int, default=20000)
     args = parser.parse_args()
+    arms = tuple(arm for arm in args.arms.split(",") if arm)
+    sizes = (args.race_pods, args.scale_quotas, args.scale_workloads)
     work = args.out.parent / "quota-work"
     work.mkdir(parents=True, exist_ok=True)
     if args.kubeconfig is not None:
-        results = asyncio.run(bench(args.kubeconfig, work))
+        results = asyncio.run(bench(args.kubeconfig, work, arms, *sizes))
     else:
         # Our own throwaway cluster in a temporary state root: works on a fresh machine and never
         # touches the user's clusters.
@@ -1010,7 +1057,7 @@ def main() -> None:
             cluster = DevCluster("bench-quota", Path(root))
             cluster.up(pools=uniform_pools(1))
             try:
-                results = asyncio.run(bench(cluster.kubeconfig, work))
+                results = asyncio.run(bench(cluster.kubeconfig, work, arms, *sizes))
             finally:
                 cluster.down()
     write_rows(args.out, results)
