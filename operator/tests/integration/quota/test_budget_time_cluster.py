@@ -53,6 +53,27 @@ def test_the_api_server_checks_the_refill_schedule(quotas: Quotas) -> None:
     assert round((start - anchor).total_seconds(), 3) % 168 == 0
 
 
+def test_a_restarted_webhook_resumes_the_period_it_left(
+    quotas: Quotas, namespace: str, api_client: Any, quota_webhook: WebhookProcess, gpu_nodes: list[str]
+) -> None:
+    # A 60h period lasts 60 s here. Right after a boundary, the webhook is killed and started again
+    # (about 15 s): the new leader must find the same period in the status and neither refill nor
+    # forget what was spent in it.
+    quotas.create("resume", {GPU: 4, CASH: 100000})
+    quotas.patch("resume", {"spec": {"refill": {"period": "60h"}}})
+    client.CoreV1Api(api_client).create_namespaced_pod(namespace, _gpu_pod("steady", quotas.name("resume")))
+    wait_for("the period to be recorded", lambda: bool(_status(quotas, "resume").get("lastRefillTime")))
+    first = _status(quotas, "resume")["lastRefillTime"]
+    wait_for("the next period", lambda: _status(quotas, "resume")["lastRefillTime"] != first, timeout=90)
+    period = _status(quotas, "resume")["lastRefillTime"]
+    wait_for("GPU-hours to accrue in it", lambda: _cash(quotas, "resume") >= 2)
+    spent = _cash(quotas, "resume")
+    quota_webhook.restart()  # SIGKILL, then a new process that waits out the old one's admissions
+    wait_for("the new leader to recompute", lambda: _cash(quotas, "resume") > spent, timeout=20)
+    assert _status(quotas, "resume")["lastRefillTime"] == period
+    assert _cash(quotas, "resume") >= spent + 5  # carried on from what was spent, the gap included
+
+
 def test_a_cronjobs_jobs_are_refused_once_the_budget_is_spent_and_admitted_after_the_refill(
     quotas: Quotas, namespace: str, api_client: Any, dev_cluster: Any, gpu_nodes: list[str]
 ) -> None:
