@@ -105,6 +105,8 @@ def test_pretend_gpus_reach_a_pod_through_the_device_plugin_and_cdi(cluster: Dev
                     "name": "plugin",
                     "image": realnodes.program_image_ref(binaries, "gpu-device-plugin"),
                     "imagePullPolicy": "Never",
+                    # The release's default is envvar, which runc ignores.
+                    "env": [{"name": "DEVICE_LIST_STRATEGY", "value": "cdi-cri"}],
                     "volumeMounts": [
                         {"name": "plugins", "mountPath": "/var/lib/kubelet/device-plugins"},
                         {"name": "cdi", "mountPath": "/var/run/cdi"},

@@ -6,9 +6,11 @@ require (
 	google.golang.org/grpc v1.79.3
 	k8s.io/kubelet v0.0.0
 	k8s.io/kubernetes v1.36.5
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
+	go.yaml.in/yaml/v2 v2.4.3 // indirect
 	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/sys v0.46.0 // indirect
 	golang.org/x/text v0.39.0 // indirect
