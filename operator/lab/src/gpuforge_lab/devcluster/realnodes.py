@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from gpuforge import compat
 from gpuforge_lab.devcluster import pki
 from gpuforge_lab.devcluster.build import NODE_PROGRAMS, Binaries, build_nodes
 
@@ -35,6 +36,12 @@ CLUSTER_LABEL = "io.gpuforge.devcluster"
 # Set on every real node, so tests and `status` tell them from kwok's.
 REAL_NODE_LABEL = "gpuforge.io/real-node"
 IMAGE_REPOSITORY = "localhost/gpuforge"
+# The pretend device plugin is also tagged as each NVIDIA release, so the operator's rendered DaemonSet
+# runs it with nothing but `devicePlugin.image` changed (the tag is the release, as the renderer writes it).
+DEVICE_PLUGIN_REPOSITORY = f"{IMAGE_REPOSITORY}/k8s-device-plugin"
+# What each program's image declares besides its entry point. NVIDIA's device plugin image asks the
+# nvidia runtime for every GPU's driver files (k8s-device-plugin deployments/container/Dockerfile).
+IMAGE_ENV = {"gpu-device-plugin": {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}}
 
 
 class RealNodeError(RuntimeError):
@@ -107,14 +114,15 @@ def program_images(binaries: Binaries) -> dict[str, Path]:
     images_dir = binaries.directory.parent / "images"
     images_dir.mkdir(exist_ok=True)
     for program in NODE_PROGRAMS:
-        archive = images_dir / f"{program}.tar"
+        env = "".join(f"ENV {key}={value}\n" for key, value in IMAGE_ENV.get(program, {}).items())
+        containerfile = f'FROM scratch\nCOPY {program} /{program}\n{env}ENTRYPOINT ["/{program}"]\n'
+        recipe = hashlib.sha256(containerfile.encode()).hexdigest()[:8]
+        archive = images_dir / f"{program}-{recipe}.tar"
         ref = program_image_ref(binaries, program)
         if not archive.is_file():
             with tempfile.TemporaryDirectory() as context:
                 shutil.copy2(binaries.path(program), Path(context) / program)
-                (Path(context) / "Containerfile").write_text(
-                    f'FROM scratch\nCOPY {program} /{program}\nENTRYPOINT ["/{program}"]\n'
-                )
+                (Path(context) / "Containerfile").write_text(containerfile)
                 _run(["podman", "build", "-t", ref, context])
             partial = archive.with_suffix(".partial")
             _run(["podman", "save", "--format", "docker-archive", "-o", str(partial), ref])
@@ -175,6 +183,12 @@ def containerd_config(sandbox_image: str) -> str:
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+    # What gpuforge's nvidia_container_toolkit role adds (`nvidia-ctk runtime configure`, not the
+    # default): a runtime named nvidia, here the lab's stand-in for nvidia-container-runtime.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+        BinaryName = "/usr/local/bin/nvidia-container-runtime"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/etc/cni/net.d"
@@ -220,6 +234,35 @@ def machine_address() -> str:
         raise RealNodeError("real nodes need a non-loopback IPv4 address on this machine")
     return address
 
+
+# The lab's nvidia-container-runtime: runc, after giving a container that asks for GPUs through
+# NVIDIA_VISIBLE_DEVICES (as NVIDIA's runtime reads it, legacy mode) the host's pretend driver: the hardware
+# file stands in for libnvidia-ml and the device nodes that nvidia-container-cli would mount.
+NVIDIA_RUNTIME = """#!/usr/bin/python3
+import json, os, sys
+
+args = sys.argv[1:]
+if "create" in args:
+    bundle = "."
+    for index, arg in enumerate(args):
+        if arg == "--bundle" or arg == "-b":
+            bundle = args[index + 1]
+        elif arg.startswith("--bundle="):
+            bundle = arg.split("=", 1)[1]
+    path = os.path.join(bundle, "config.json")
+    with open(path) as stream:
+        spec = json.load(stream)
+    env = dict(e.split("=", 1) for e in spec.get("process", {}).get("env", []) if "=" in e)
+    if env.get("NVIDIA_VISIBLE_DEVICES", "") not in ("", "void", "none"):
+        spec.setdefault("mounts", []).append({
+            "destination": "/var/lib/gpuforge-sim", "type": "bind", "source": "/var/lib/gpuforge-sim",
+            "options": ["rbind", "ro", "nosuid", "nodev"],
+        })
+        with open(path + ".tmp", "w") as stream:
+            json.dump(spec, stream)
+        os.rename(path + ".tmp", path)
+os.execv("/usr/sbin/runc", ["runc", *args])
+"""
 
 KUBELET_UNIT = """[Unit]
 Description=kubelet of a gpuforge real node
@@ -270,9 +313,11 @@ def start_nodes(
             "kubelet.service": KUBELET_UNIT.format(
                 name=node.name, address=address, labels=f"{REAL_NODE_LABEL}=true"
             ),
+            "nvidia-container-runtime": NVIDIA_RUNTIME,
         }
         for file_name, content in files.items():
             (config_dir / file_name).write_text(content)
+        (config_dir / "nvidia-container-runtime").chmod(0o755)
         hardware = node_dir / "hardware"
         lab.write_hardware(lab.HostSpec(name=node.name, gpus=list(node.gpus)), hardware)
         for directory in ("containerd", "kubelet"):
@@ -289,6 +334,7 @@ def start_nodes(
                 f"{config_dir}/10-gpuforge.conflist:/etc/cni/net.d/10-gpuforge.conflist:ro",
                 f"{config_dir}/kubelet.service:/etc/systemd/system/kubelet.service:ro",
                 f"{binaries.path('kubelet')}:/usr/local/bin/kubelet:ro",
+                f"{config_dir}/nvidia-container-runtime:/usr/local/bin/nvidia-container-runtime:ro",
                 f"{archives['pause'].parent}:/opt/gpuforge-images:ro",
                 f"{node_dir}/containerd:/var/lib/containerd",
                 f"{node_dir}/kubelet:/var/lib/kubelet",
@@ -298,10 +344,24 @@ def start_nodes(
         )
     for node in nodes:
         _wait_for_containerd(node)
+        # systemd makes every mount shared when it boots a machine, but leaves a container's root
+        # private; a hostPath of / with HostToContainer propagation (the device plugin's driver root)
+        # needs it shared, as on the hosts the roles build.
+        _exec(node, "mount", "--make-rshared", "/")
         for archive in archives.values():
             _exec(node, "ctr", "-n", "k8s.io", "images", "import", "--snapshotter", "native",
                   f"/opt/gpuforge-images/{archive.name}")  # fmt: skip
+        for tag in device_plugin_tags():
+            _exec(node, "ctr", "-n", "k8s.io", "images", "tag", "--force",
+                  program_image_ref(binaries, "gpu-device-plugin"), tag)  # fmt: skip
         _exec(node, "systemctl", "start", "kubelet.service")
+
+
+def device_plugin_tags() -> list[str]:
+    """The pretend plugin under the name of every device-plugin release gpuforge knows."""
+    return [
+        f"{DEVICE_PLUGIN_REPOSITORY}:{release.version}" for release in compat.load().device_plugin_releases
+    ]
 
 
 def _exec(node: RealNode, *command: str) -> str:
