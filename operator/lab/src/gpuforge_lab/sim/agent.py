@@ -18,6 +18,8 @@ contract of its release (gpuforge.compat.conformance) with the node's runtime fa
 sim.gpuforge.io/nvidia-default-runtime, sim.gpuforge.io/mig-enabled) and the device-plugin config it mounts.
 A pod the release would not start on is never Ready and never advertises: it crash-loops with the release's
 own error, its restartCount growing.
+Nodes labelled gpuforge.io/real-node are left alone: their real kubelet starts the pods and registers
+what the plugins serve.
 Every moment a node advertises through both stacks at once is appended to `violations.jsonl`, so tests can
 assert that it never happens.
 """
@@ -61,6 +63,7 @@ from gpuforge.constants import (
     SIM_NVIDIA_DEFAULT_RUNTIME_LABEL,
 )
 from gpuforge_lab.devcluster.pools import SIM_GPUS_ANNOTATION, GpuSpec
+from gpuforge_lab.devcluster.realnodes import REAL_NODE_LABEL
 from gpuforge_lab.sim.advertise import PluginExits, advertised, node_gpus
 
 log = logging.getLogger("gpuforge_lab.sim.agent")
@@ -555,6 +558,8 @@ class Agent:
             if view is None or view.obj is None:
                 return
             node = view.obj
+            if (node["metadata"].get("labels") or {}).get(REAL_NODE_LABEL) == "true":
+                return  # a real kubelet starts its pods and registers its plugins' devices itself
             pending = list(view.pending_pods.values())
             dp_pods = list(view.device_plugin_pods.values())
             want_dra = bool(view.dra_pods)
