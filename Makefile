@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 DEMO_CHECK ?= yes
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv controlplane lint test test-unit test-integration bench demo demo-check clean demo-host
+.PHONY: help venv controlplane realnodes lint test test-unit test-integration bench demo demo-check clean demo-host
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -34,6 +34,9 @@ venv: $(VENV)/.stamp ## Create the virtual environment with pinned dependencies
 controlplane: venv ## Build (or reuse from cache) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok
 	@$(GPUFORGE) dev build
 
+realnodes: controlplane ## Build (or reuse from cache) the real nodes' kubelet, programs and host image
+	@$(GPUFORGE) dev build --real-nodes
+
 lint: venv ## ruff, mypy --strict, import-linter
 	cd operator && $(BIN)/ruff check src lab/src tests && $(BIN)/ruff format --check src lab/src tests
 	cd operator && $(BIN)/mypy
@@ -44,10 +47,10 @@ lint: venv ## ruff, mypy --strict, import-linter
 test-unit: venv ## Unit tests of the pure core (no cluster)
 	cd operator && $(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
-test-integration: controlplane ## Tests against the real local control plane
+test-integration: controlplane realnodes ## Tests against the real local control plane
 	cd operator && $(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
 
-test: venv controlplane lint $(EXTRA_LINT) ## Set everything up and run every test (and the demo)
+test: venv controlplane realnodes lint $(EXTRA_LINT) ## Set everything up and run every test (and the demo)
 	cd operator && $(BIN)/pytest -q tests $(PYTEST_ARGS)
 	$(if $(strip $(EXTRA_TESTS)),@$(MAKE) --no-print-directory $(EXTRA_TESTS))
 	$(if $(filter no,$(DEMO_CHECK)),@echo "==> demo-check skipped (DEMO_CHECK=no)",@$(MAKE) --no-print-directory demo-check)

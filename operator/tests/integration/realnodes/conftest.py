@@ -1,14 +1,18 @@
-"""Real-node tests boot podman hosts: they run only when selected with `-m realnode`."""
+"""Real-node tests boot lab hosts under rootful podman; they run with the rest of the suite (`-m "not
+realnode"` leaves them out). Where no host can boot (no podman, not root) they are skipped, saying why."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpuforge_lab.devcluster.realnodes import can_boot_hosts
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "realnode" in (config.getoption("-m") or ""):
+    reason = can_boot_hosts()
+    if reason is None:
         return
-    skip = pytest.mark.skip(reason="boots real kubelet nodes under podman; select with -m realnode")
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
         if "realnode" in item.keywords:
             item.add_marker(skip)

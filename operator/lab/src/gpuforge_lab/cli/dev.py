@@ -11,7 +11,14 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpuforge_lab.devcluster.build import BuildError, build, cached_binaries, load_versions, verify_hashes
+from gpuforge_lab.devcluster.build import (
+    BuildError,
+    build,
+    build_nodes,
+    cached_binaries,
+    load_versions,
+    verify_hashes,
+)
 from gpuforge_lab.devcluster.cluster import (
     AlreadyRunning,
     ClusterError,
@@ -22,7 +29,13 @@ from gpuforge_lab.devcluster.cluster import (
 from gpuforge_lab.devcluster.helm import ensure_helm
 from gpuforge_lab.devcluster.pools import Pool, PoolError, load_pools, uniform_pools
 from gpuforge_lab.devcluster.profiles import DEFAULT_PROFILE, SUPPORTED_MINORS, ProfileError, parse_profile
-from gpuforge_lab.devcluster.realnodes import RealNodeError, running_hosts
+from gpuforge_lab.devcluster.realnodes import (
+    RealNodeError,
+    can_boot_hosts,
+    node_image,
+    program_images,
+    running_hosts,
+)
 
 EXIT_FAILURE = 1
 EXIT_NOT_RUNNING = 3
@@ -59,7 +72,12 @@ def dev() -> None:
 @dev.command("build")
 @click.option("--force", is_flag=True, help="Rebuild even if the cache is complete.")
 @click.option("--verify", is_flag=True, help="Also check every cached binary against its recorded hash.")
-def build_command(force: bool, verify: bool) -> None:
+@click.option(
+    "--real-nodes",
+    is_flag=True,
+    help="Also the real nodes' kubelet, programs, images and host image (where podman can boot hosts).",
+)
+def build_command(force: bool, verify: bool, real_nodes: bool) -> None:
     """Build (or find in the cache) the pinned control-plane binaries."""
     try:
         binaries = build(err, force=force)
@@ -76,6 +94,24 @@ def build_command(force: bool, verify: bool) -> None:
         f"Control plane ready: Kubernetes {versions.kubernetes}, etcd {versions.etcd}, kwok {versions.kwok} "
         f"in {binaries.directory}"
     )
+    if real_nodes:
+        _build_real_nodes(force)
+
+
+def _build_real_nodes(force: bool) -> None:
+    reason = can_boot_hosts()
+    if reason is not None:
+        err.print(f"[yellow]No real-node build: {reason}[/]")
+        return
+    try:
+        node_binaries = build_nodes(err, force=force)
+        with err.status("Building the real nodes' host image and program images"):
+            image = node_image()
+            program_images(node_binaries)
+    except (BuildError, RealNodeError) as error:
+        _fail(str(error))
+        return
+    err.print(f"Real nodes ready: {node_binaries.directory}, host image {image}")
 
 
 @dev.command("helm")

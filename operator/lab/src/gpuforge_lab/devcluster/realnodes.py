@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -75,6 +76,15 @@ def _run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     if result.returncode != 0:
         raise RealNodeError(f"{' '.join(command[:4])} failed ({result.returncode}):\n{result.stderr[-2000:]}")
     return result
+
+
+def can_boot_hosts() -> str | None:
+    """None where this machine can boot real nodes; else why not."""
+    if shutil.which("podman") is None:
+        return "real nodes boot lab hosts with podman, which is not installed"
+    if os.geteuid() != 0:
+        return "real nodes boot privileged lab hosts: rootful podman (run as root)"
+    return None
 
 
 def _image_exists(ref: str) -> bool:
