@@ -74,6 +74,13 @@ def gpu_capacity(cluster: Any, node: str) -> dict[str, str]:
     return {k: v for k, v in capacity.items() if k.startswith("nvidia.com/")}
 
 
+def gpu_allocatable(cluster: Any, node: str) -> dict[str, str]:
+    """What the scheduler may hand out: a stopped plugin's devices stay in capacity for kubelet's grace
+    period (docs/local-control-plane.md), but leave allocatable at once."""
+    allocatable = kube_json(cluster, "node", node)["status"].get("allocatable") or {}
+    return {k: v for k, v in allocatable.items() if k.startswith("nvidia.com/")}
+
+
 def ready_advertising(cluster: Any, name: str, node: str, resource: str, count: int) -> dict[str, Any]:
     """Wait until the stack is Ready with `node` advertising `count` of `resource`; the stack's status."""
 
@@ -113,7 +120,7 @@ def test_mixed_mig_strategy_advertises_mig_profiles(adv_cluster: Any, stacks: li
     apply(cluster, stack_on_pool("mig-mixed", "mig", {"migStrategy": "mixed"}))
 
     ready_advertising(cluster, "mig-mixed", "mig-0", "nvidia.com/mig-1g.10gb", MIG_DEVICES)
-    assert gpu_capacity(cluster, "mig-0").get("nvidia.com/gpu", "0") == "0"
+    assert gpu_allocatable(cluster, "mig-0").get("nvidia.com/gpu", "0") == "0"
 
 
 def test_single_mig_strategy_advertises_mig_devices_as_gpus(adv_cluster: Any, stacks: list[str]) -> None:
@@ -122,4 +129,4 @@ def test_single_mig_strategy_advertises_mig_devices_as_gpus(adv_cluster: Any, st
     apply(cluster, stack_on_pool("mig-single", "mig", {"migStrategy": "single"}))
 
     ready_advertising(cluster, "mig-single", "mig-0", "nvidia.com/gpu", MIG_DEVICES)
-    assert gpu_capacity(cluster, "mig-0").get("nvidia.com/mig-1g.10gb", "0") == "0"
+    assert gpu_allocatable(cluster, "mig-0").get("nvidia.com/mig-1g.10gb", "0") == "0"

@@ -3,12 +3,14 @@
 The node is built as gpuforge's roles build one: containerd with a runtime named nvidia that is not the
 default (nvidia_container_toolkit), CDI on. The plugin is the pretend one, under the name of NVIDIA's
 release, so everything else (host paths, sockets, security context, runtime class, config file) is what
-the renderer writes for real clusters.
+the renderer writes for real clusters. A kwok node of the same GPUs beside it runs the same stack through
+the simulated agent, so both can be held to one sequence of events.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from gpuforge_lab.devcluster import realnodes
 from gpuforge_lab.devcluster.build import build_nodes
 from gpuforge_lab.devcluster.cluster import DevCluster
 from gpuforge_lab.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.sim.agent import KUBELET_PLUGIN_STOP_GRACE_SECONDS
 
 from ..operator_process import (
     Operator,
@@ -33,6 +36,7 @@ from ..operator_process import (
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
 NODE = "real-0"
+SIM_NODE = "sim-0"
 STACK = "real"
 NAMESPACE = "gpuforge-real"
 GPUS = 2
@@ -42,7 +46,8 @@ GPUS = 2
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     dev_cluster = DevCluster("realnode-operator", root=tmp_path_factory.mktemp("clusters"))
     try:
-        dev_cluster.up(pools=[Pool("real", 1, GpuSpec(product="NVIDIA L4", count=GPUS), real=True)])
+        gpu = GpuSpec(product="NVIDIA L4", count=GPUS)
+        dev_cluster.up(pools=[Pool("real", 1, gpu, real=True), Pool("sim", 1, gpu)])
         yield dev_cluster
     finally:
         dev_cluster.down()
@@ -75,7 +80,11 @@ def stack(version: str = "v0.20.0", **device_plugin: Any) -> str:
                 },
                 "nodeSelector": {
                     "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": SIM_POOL_LABEL, "operator": "In", "values": ["real"]}]}
+                        {
+                            "matchExpressions": [
+                                {"key": SIM_POOL_LABEL, "operator": "In", "values": ["real", "sim"]}
+                            ]
+                        }
                     ]
                 },
             },
@@ -83,8 +92,9 @@ def stack(version: str = "v0.20.0", **device_plugin: Any) -> str:
     )
 
 
-def gpu_status(cluster: DevCluster) -> tuple[str | None, str | None]:
-    status = kube_json(cluster, "node", NODE)["status"]
+def gpu_status(cluster: DevCluster, node: str = NODE) -> tuple[str | None, str | None]:
+    """The node's (capacity, allocatable) of nvidia.com/gpu."""
+    status = kube_json(cluster, "node", node)["status"]
     resource = "nvidia.com/gpu"
     return (status.get("capacity") or {}).get(resource), (status.get("allocatable") or {}).get(resource)
 
@@ -120,7 +130,8 @@ def deployed(cluster: DevCluster, operator: Operator) -> dict[str, Any]:
 
     def done() -> dict[str, Any] | None:
         status = stack_status(cluster, STACK)
-        return status if status.get("phase") == "Ready" and gpu_status(cluster) == ("2", "2") else None
+        advertising = all(gpu_status(cluster, node) == ("2", "2") for node in (NODE, SIM_NODE))
+        return status if status.get("phase") == "Ready" and advertising else None
 
     status: dict[str, Any] = wait_for(
         "the stack Ready and the real node advertising",
@@ -135,8 +146,8 @@ def test_rendered_daemonset_runs_and_advertises_through_the_real_kubelet(
     cluster: DevCluster, deployed: dict[str, Any]
 ) -> None:
     assert condition(deployed, "Ready")["status"] == "True"
-    assert deployed["nodesReady"] == "1/1"
-    [pod] = plugin_pods(cluster)
+    assert deployed["nodesReady"] == "2/2"
+    [pod] = [p for p in plugin_pods(cluster) if p["spec"]["nodeName"] == NODE]
     assert ready(pod) and pod["spec"]["nodeName"] == NODE
     # Nothing but the image differs from what real clusters get.
     assert pod["spec"]["runtimeClassName"] == "nvidia"
@@ -181,3 +192,50 @@ def test_a_gpu_pod_gets_its_device_through_cdi(cluster: DevCluster, deployed: di
     # One GPU, named by the CDI spec the plugin wrote (cdi-annotations and cdi-cri name the same device).
     assert len(visible) == 1 and visible[0] in uuids, log
     assert "(NVIDIA L4)" in log
+
+
+def test_kubelet_and_simulated_agent_withdraw_a_stopped_plugin_alike(
+    cluster: DevCluster, deployed: dict[str, Any]
+) -> None:
+    """Kubelet's device manager keeps a stopped plugin's devices in capacity, unhealthy, for its grace period
+    (five minutes) with allocatable 0 at once; the agent does the same over its shorter grace."""
+    nodes = (NODE, SIM_NODE)
+    # A plugin pod deleted comes back from its DaemonSet and registers again.
+    for pod in plugin_pods(cluster):
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, pod["metadata"]["name"], "--wait=false")
+    wait_for(
+        "new plugin pods Ready and advertising",
+        lambda: (
+            len([p for p in plugin_pods(cluster) if ready(p)]) == 2
+            and all(gpu_status(cluster, node) == (str(GPUS), str(GPUS)) for node in nodes)
+        ),
+        timeout=120,
+        describe=lambda: describe(cluster),
+    )
+
+    # The plugins gone for good: allocatable 0 on both at once, capacity still counting the devices.
+    seen = {node: [gpu_status(cluster, node)] for node in nodes}
+
+    def record() -> dict[str, list[tuple[str | None, str | None]]]:
+        for node in nodes:
+            state = gpu_status(cluster, node)
+            if seen[node][-1] != state:
+                seen[node].append(state)
+        return seen
+
+    cluster.kubectl("delete", "gpustack", STACK, "--wait=false")
+    gone = time.monotonic()
+    withdrawn = (str(GPUS), "0")
+    wait_for(
+        "allocatable 0 with capacity kept on both nodes",
+        lambda: all(withdrawn in record()[node] for node in nodes),
+        timeout=60,
+        describe=lambda: seen,
+    )
+    # The agent's grace ends first; the kubelet's (300 s) outlasts it.
+    wait_for(
+        "the simulated node's capacity withdrawn", lambda: record()[SIM_NODE][-1] == ("0", "0"), timeout=60
+    )
+    assert record()[NODE][-1] == withdrawn and time.monotonic() - gone < KUBELET_PLUGIN_STOP_GRACE_SECONDS
+    advertised = (str(GPUS), str(GPUS))
+    assert seen == {NODE: [advertised, withdrawn], SIM_NODE: [advertised, withdrawn, ("0", "0")]}

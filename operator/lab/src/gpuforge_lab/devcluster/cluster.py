@@ -44,6 +44,10 @@ PACKAGE_DIR = Path(__file__).parent
 STAGES_FILE = PACKAGE_DIR / "kwok-stages.yaml"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
+# The simulated agent keeps a stopped device plugin's devices in capacity this long: kubelet's five minutes
+# (gpuforge_lab.sim.agent.KUBELET_PLUGIN_STOP_GRACE_SECONDS) scaled down, so tests and the demo see the
+# same sequence without waiting it out.
+SIM_PLUGIN_STOP_GRACE_SECONDS = 10.0
 # Order matters: started in this order, stopped in reverse.
 COMPONENTS = (
     "etcd",
@@ -443,6 +447,7 @@ class DevCluster:
                 "gpuforge_lab.sim.agent",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--state-dir={self.state_dir / 'agent'}",
+                f"--device-plugin-stop-grace={SIM_PLUGIN_STOP_GRACE_SECONDS}",
             ]
         raise ValueError(component)
 

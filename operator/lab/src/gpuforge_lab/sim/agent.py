@@ -6,9 +6,10 @@ tested against a real API server:
   allocatable get what NVIDIA's plugin would register for the node's GPUs with the pod's MIG strategy and
   mounted config (gpuforge_lab.sim.advertise: `nvidia.com/gpu`, `nvidia.com/gpu.shared` with time slicing's
   renameByDefault, `nvidia.com/mig-<profile>` with the mixed strategy), as kubelet's device manager would;
-  when the pod goes or turns unready, exactly those drop to 0. An advertisement the agent did not make
-  (another installation's plugin, written into the node status by a test) is left as it is: kubelet keeps
-  serving a plugin it did not lose;
+  when the pod goes or turns unready, exactly those drop to 0 in allocatable at once and in capacity
+  after kubelet's grace period (device_report; --device-plugin-stop-grace). An advertisement the agent
+  did not make (another installation's plugin, written into the node status by a test) is left as it is:
+  kubelet keeps serving a plugin it did not lose;
 - a DRA kubelet-plugin pod (component=dra-kubelet-plugin) Ready on a node: a ResourceSlice for it appears,
   driver gpu.nvidia.com, in the newest resource.k8s.io version the server serves, with the attributes and
   capacity NVIDIA's driver publishes; when the pod goes, the slice goes.
@@ -76,6 +77,47 @@ MANAGED_BY = "gpuforge-sim-agent"
 VERSION_LABEL = "app.kubernetes.io/version"
 # How often a crash-looping plugin "restarts" (kubelet's back-off reaches minutes; tests need to see it grow).
 CRASH_RESTART_SECONDS = 10.0
+# How long kubelet's device manager keeps a stopped plugin's devices in the node's capacity (as unhealthy,
+# allocatable 0): endpointStopGracePeriod, pkg/kubelet/cm/devicemanager/types.go, five minutes.
+KUBELET_PLUGIN_STOP_GRACE_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """What kubelet's device manager reports for the device plugin's resources at one moment."""
+
+    capacity: dict[str, int]
+    allocatable: dict[str, int]
+    # resources whose plugin stopped, still counted in capacity: resource -> (devices, when it stopped)
+    stopped: dict[str, tuple[int, float]]
+
+
+def device_report(
+    registered: Mapping[str, int],
+    previously: Mapping[str, int],
+    stopped: Mapping[str, tuple[int, float]],
+    now: float,
+    grace: float,
+) -> DeviceReport:
+    """Kubelet's device manager (pkg/kubelet/cm/devicemanager/manager.go): a plugin that stops has all its
+    devices marked unhealthy (PluginDisconnected -> markResourceUnhealthy), so allocatable drops to 0 at
+    once while capacity keeps counting them; once the stop is older than the grace period, GetCapacity
+    drops the resource and the node status sets its capacity to 0 (nodestatus/setters.go). A plugin
+    registering the resource again ends that."""
+    still = {r: since for r, since in stopped.items() if r not in registered}
+    for resource, count in previously.items():
+        if resource not in registered and resource not in still:
+            still[resource] = (count, now)
+    capacity, allocatable = dict(registered), dict(registered)
+    kept: dict[str, tuple[int, float]] = {}
+    for resource, (count, since) in still.items():
+        allocatable[resource] = 0
+        if now - since >= grace:
+            capacity[resource] = 0
+        else:
+            capacity[resource] = count
+            kept[resource] = (count, since)
+    return DeviceReport(capacity, allocatable, kept)
 
 
 def _semver(text: str) -> str:
@@ -384,6 +426,8 @@ class NodeView:
     vfio_pods: set[str] = field(default_factory=set)
     # extended resources the agent set on the node for the device plugin, and their counts
     device_plugin_resources: dict[str, int] = field(default_factory=dict)
+    # of those, the ones whose plugin went within the kubelet's grace period (device_report)
+    stopped_resources: dict[str, tuple[int, float]] = field(default_factory=dict)
     advertising_dra: bool = False
     # plugin pods bound here that nobody has started yet, by uid
     pending_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -399,8 +443,14 @@ def _pod_ready(pod: dict[str, Any]) -> bool:
 
 
 class Agent:
-    def __init__(self, api: client.ApiClient, state_dir: Path) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        state_dir: Path,
+        plugin_stop_grace: float = KUBELET_PLUGIN_STOP_GRACE_SECONDS,
+    ) -> None:
         self.api = api
+        self.plugin_stop_grace = plugin_stop_grace
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
         self.state_dir = state_dir
@@ -565,6 +615,7 @@ class Agent:
             want_dra = bool(view.dra_pods)
             want_vfio = bool(view.vfio_pods)
             was_dp = dict(view.device_plugin_resources)
+            stopped = dict(view.stopped_resources)
         for pod in pending:
             self._start(pod, node)
         gpu = _gpu_of(node)
@@ -573,14 +624,16 @@ class Agent:
         want_dp = self._device_plugin_resources(dp_pods, gpu, node)
         if want_dp and want_dra and not (was_dp and view.advertising_dra):
             self._record_violation(name, view)
-        # withdraw only what this agent advertised: a resource no plugin serves any more drops to 0
-        self._set_capacity(name, node, {**{resource: 0 for resource in was_dp}, **want_dp})
+        # withdraw only what this agent advertised, as kubelet does once the plugin is gone
+        report = device_report(want_dp, was_dp, stopped, time.monotonic(), self.plugin_stop_grace)
+        self._set_capacity(name, node, report.capacity, report.allocatable)
         if want_dra and self.slice_version is not None:
             self._publish_slice(node, gpu, want_vfio)
         else:
             self._remove_slices(name)
         with self.lock:
             view.device_plugin_resources = want_dp
+            view.stopped_resources = report.stopped
             view.advertising_dra = want_dra
 
     def _device_plugin_resources(
@@ -676,20 +729,25 @@ class Agent:
                     if uid in self.crashing:
                         self.crashing[uid] = (namespace, name, verdict, restarts + 1)
 
-    def _set_capacity(self, name: str, node: dict[str, Any], counts: Mapping[str, int]) -> None:
-        """Kubelet's device manager: a registered resource's device count, 0 once its plugin is gone."""
-        capacity = (node.get("status") or {}).get("capacity") or {}
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        changes = {
-            resource: str(count)
-            for resource, count in counts.items()
-            # a resource never advertised is not mentioned at all
-            if not (count == 0 and resource not in capacity)
-            and (capacity.get(resource) != str(count) or allocatable.get(resource) != str(count))
-        }
-        if not changes:
+    def _set_capacity(
+        self, name: str, node: dict[str, Any], capacity: Mapping[str, int], allocatable: Mapping[str, int]
+    ) -> None:
+        """Write the device manager's report into the node's status (only what changed)."""
+        current = (node.get("status") or {}).get("capacity") or {}
+        current_allocatable = (node.get("status") or {}).get("allocatable") or {}
+        # a resource never advertised is not mentioned at all
+        mentioned = [r for r in capacity if not (capacity[r] == 0 and r not in current)]
+        if all(
+            current.get(r) == str(capacity[r]) and current_allocatable.get(r) == str(allocatable[r])
+            for r in mentioned
+        ):
             return
-        body = {"status": {"capacity": changes, "allocatable": changes}}
+        body = {
+            "status": {
+                "capacity": {r: str(capacity[r]) for r in mentioned},
+                "allocatable": {r: str(allocatable[r]) for r in mentioned},
+            }
+        }
         updated = self.core.patch_node_status(name, body)
         with self.lock:
             view = self.nodes.get(name)
@@ -738,6 +796,22 @@ class Agent:
             stream.write(json.dumps(entry) + "\n")
 
     # --- main ----------------------------------------------------------------------------------
+    def expire_stopped_plugins(self) -> None:
+        """Reconcile a node once a stopped plugin's grace period is over, as kubelet's next status sync."""
+        while True:
+            time.sleep(1.0)
+            now = time.monotonic()
+            with self.lock:
+                due = [
+                    name
+                    for name, view in self.nodes.items()
+                    if any(
+                        now - since >= self.plugin_stop_grace for _, since in view.stopped_resources.values()
+                    )
+                ]
+            for name in due:
+                self.work.put(name)
+
     def run(self, workers: int = 4) -> None:
         self._node_synced = threading.Event()
         self._pod_synced = threading.Event()
@@ -748,6 +822,7 @@ class Agent:
         for index in range(workers):
             threading.Thread(target=self.worker, daemon=True, name=f"worker-{index}").start()
         threading.Thread(target=self.restart_crashing, daemon=True, name="crash-loops").start()
+        threading.Thread(target=self.expire_stopped_plugins, daemon=True, name="plugin-grace").start()
         (self.state_dir / "ready").write_text(f"slices via {self.slice_version}\n")
         log.info("agent ready; ResourceSlices via %s/%s", RESOURCE_GROUP, self.slice_version)
         threading.Event().wait()
@@ -757,6 +832,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="SIMULATION: GPU node agent for the local control plane")
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--state-dir", required=True, type=Path)
+    parser.add_argument(
+        "--device-plugin-stop-grace",
+        type=float,
+        default=KUBELET_PLUGIN_STOP_GRACE_SECONDS,
+        help="seconds a stopped plugin's devices stay in capacity (kubelet: 300)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     args.state_dir.mkdir(parents=True, exist_ok=True)
@@ -766,7 +847,7 @@ def main() -> None:
         config_file=args.kubeconfig, client_configuration=configuration
     )
     configuration.connection_pool_maxsize = 16
-    Agent(client.ApiClient(configuration), args.state_dir).run()
+    Agent(client.ApiClient(configuration), args.state_dir, args.device_plugin_stop_grace).run()
 
 
 if __name__ == "__main__":
