@@ -1,8 +1,9 @@
 """`gpuforge demo`: the whole story on this machine, no cluster and no GPU needed.
 
 1. bootstrap a real Debian host with playbooks/site.yml against the imitation NVIDIA repositories;
-2. start a local cluster with three GPU pools, the operator and the quota webhook;
-3. apply GpuStacks in device-plugin mode and show the nodes advertising GPUs;
+2. start a local cluster with three GPU pools (one H100 node a real kubelet where podman can boot it), the
+   operator and the quota webhook;
+3. apply GpuStacks in device-plugin mode and show the nodes advertising GPUs, a GPU pod on the real node;
 4. apply a quota tree and submit workloads: some admitted, one denied;
 5. migrate the H100 pool to DRA node by node, with a live view, while workloads keep running;
 6. show `gpuforge status` and `gpuforge quota tree`, and how to explore and clean up.
@@ -39,8 +40,15 @@ from gpuforge.constants import (
     NODE_STATE_LABEL,
     SIM_POOL_LABEL,
 )
+from gpuforge_lab.devcluster.build import build_nodes
 from gpuforge_lab.devcluster.cluster import DevCluster, free_ports
-from gpuforge_lab.devcluster.pools import GpuSpec, Pool
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool, Taint
+from gpuforge_lab.devcluster.realnodes import (
+    DEVICE_PLUGIN_REPOSITORY,
+    REAL_NODE_LABEL,
+    can_boot_hosts,
+    program_image_ref,
+)
 from gpuforge_lab.workloads import gpu_deployment
 
 # Wide enough for the node table when the output is a log rather than a terminal.
@@ -48,14 +56,15 @@ console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
 H100_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 # GPU Feature Discovery's product label per model on the demo's pools: it proves a workload's model.
 PRODUCTS = {"H100": H100_PRODUCT, "L4": "NVIDIA-L4"}
+H100 = GpuSpec(product="NVIDIA H100 80GB HBM3", count=8, memory_mib=81559, compute_capability="9.0",
+               architecture="Hopper")  # fmt: skip
+# One more H100 node, run by a real kubelet (the cluster's, 1.36) with pretend GPUs. Only GPU pods that
+# tolerate the taint land there: the workloads' images exist on kwok's nodes alone.
+REAL_H100_POOL = Pool(
+    name="h100-real", count=1, real=True, gpu=H100, taints=(Taint("nvidia.com/gpu", "NoSchedule", "present"),)
+)
 DEMO_POOLS = (
-    Pool(
-        name="h100",
-        count=3,
-        kubelet_version="v1.34.2",
-        gpu=GpuSpec(product="NVIDIA H100 80GB HBM3", count=8, memory_mib=81559, compute_capability="9.0",
-                    architecture="Hopper"),
-    ),
+    Pool(name="h100", count=3, kubelet_version="v1.34.2", gpu=H100),
     Pool(name="a100", count=3, gpu=GpuSpec()),
     Pool(
         name="l4",
@@ -175,6 +184,8 @@ class Demo:
             if "nvidia.com/gpu.present" not in labels:
                 continue
             name = node["metadata"]["name"]
+            if labels.get(REAL_NODE_LABEL) == "true":
+                name += " (real)"
             stack = (
                 "device plugin"
                 if labels.get(DEPLOY_DEVICE_PLUGIN_LABEL) == "true"
@@ -264,11 +275,24 @@ class Demo:
             2,
             "start a local cluster, the operator and the quota webhook",
             "Real etcd, kube-apiserver, controller-manager and scheduler; kwok plays 8 GPU nodes in three\n"
-            "pools (H100 on kubelet 1.34, A100, L4). The operator and the webhook run on this machine.",
+            "pools (H100 on kubelet 1.34, A100, L4), and one more H100 node is a real kubelet 1.36 with\n"
+            "containerd in a Debian host under podman. The operator and the webhook run on this machine.",
         )
         self.cluster.down()
-        seconds = self.cluster.up(profile, DEMO_POOLS, console=Console(stderr=True, soft_wrap=True))
+        pools: tuple[Pool, ...] = DEMO_POOLS
+        cannot = can_boot_hosts()
+        if cannot is None:
+            pools = (*DEMO_POOLS, REAL_H100_POOL)
+        else:
+            console.print(f"[yellow]no real node: {cannot}[/]")
+        seconds = self.cluster.up(profile, pools, console=Console(stderr=True, soft_wrap=True))
         console.print(f"cluster up in {seconds:.1f}s; KUBECONFIG={self.cluster.kubeconfig}")
+        real = self.cluster.real_node_names()
+        console.print(
+            f"real kubelet nodes: {', '.join(real)}; every other node is kwok's"
+            if real
+            else "all nodes are kwok's"
+        )
         deploy = self.root / "operator" / "deploy"
         self.kubectl("apply", "--server-side", "-f", str(deploy / "crds"))
         self.kubectl(
@@ -292,23 +316,67 @@ class Demo:
         step(
             3,
             "hand out GPUs with the NVIDIA device plugin",
-            "Two GpuStacks in device-plugin mode: 'training' on the H100 pool, 'shared' on the others.",
+            "Two GpuStacks in device-plugin mode: 'training' on the H100 pool, 'shared' on the others.\n"
+            "On the real node, 'training-real' runs the operator's own DaemonSet with only the image\n"
+            "changed; the real kubelet registers what the plugin serves.",
         )
+        real = bool(self.cluster.real_node_names())
         stacks = [
             _stack("training", "devicePlugin", [
                 {"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]},
+                {"key": REAL_NODE_LABEL, "operator": "DoesNotExist"},
             ]),
             _stack("shared", "devicePlugin", [
                 {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
                 {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": [H100_PRODUCT]},
             ]),
         ]  # fmt: skip
+        if real:
+            # No DRA kubelet plugin runs on real nodes yet: this one stays on the device plugin.
+            real_stack = _stack("training-real", "devicePlugin", [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]},
+                {"key": REAL_NODE_LABEL, "operator": "Exists"},
+            ])  # fmt: skip
+            real_stack["spec"]["devicePlugin"]["image"] = DEVICE_PLUGIN_REPOSITORY
+            stacks.append(real_stack)
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(stacks))
         console.print("$ kubectl apply -f gpustacks.yaml   (training: H100 pool, shared: A100 + L4)")
-        wait_for("both GpuStacks Ready", lambda: self.stacks_ready(["training", "shared"]), timeout=180)
+        names = [stack["metadata"]["name"] for stack in stacks]
+        wait_for("the GpuStacks Ready", lambda: self.stacks_ready(names), timeout=180)
         wait_for("every GPU node advertising nvidia.com/gpu", self.all_advertising, timeout=120)
         console.print(self.node_table("GPU nodes after the device plugin rolled out"))
         console.print(self.kubectl("get", "gpustacks"))
+        if real:
+            self.gpu_pod_on_real_node()
+
+    def gpu_pod_on_real_node(self) -> None:
+        """A pod asking for one GPU on the real node: containerd starts it with the CDI device the plugin
+        named, and the pod prints what it got."""
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "gpu-check", "namespace": "default"},
+            "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {REAL_NODE_LABEL: "true"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [
+                    {
+                        "name": "gpu-check",
+                        "image": program_image_ref(build_nodes(), "gpu-workload"),
+                        "imagePullPolicy": "Never",
+                        "resources": {"limits": {GPU_RESOURCE: 1}},
+                    }
+                ],
+            },
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        wait_for(
+            "the GPU pod on the real node to finish",
+            lambda: self.kubectl("get", "pod", "gpu-check", "-o", "jsonpath={.status.phase}") == "Succeeded",
+            timeout=120,
+        )
+        console.print(Panel(self.kubectl("logs", "gpu-check").strip(), title="GPU pod on the real node"))
 
     def stacks_ready(self, names: list[str]) -> bool:
         self.check_processes()
@@ -417,12 +485,16 @@ class Demo:
         console.print(
             "[green]H100 pool on DRA; no node ever advertised through both stacks; serving kept running.[/]"
         )
+        for name in self.cluster.real_node_names():
+            console.print(
+                f"{name} (real) stays on the device plugin: no DRA kubelet plugin runs on real nodes yet."
+            )
 
     def h100_on_dra(self) -> bool:
         slices = self.slices_by_node()
         for node in self.nodes():
             labels = node["metadata"].get("labels", {})
-            if labels.get("nvidia.com/gpu.product") != H100_PRODUCT:
+            if labels.get("nvidia.com/gpu.product") != H100_PRODUCT or REAL_NODE_LABEL in labels:
                 continue
             name = node["metadata"]["name"]
             capacity = int((node["status"].get("capacity") or {}).get(GPU_RESOURCE, "0"))
