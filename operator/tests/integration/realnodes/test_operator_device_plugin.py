@@ -136,7 +136,7 @@ def deployed(cluster: DevCluster, operator: Operator) -> dict[str, Any]:
     status: dict[str, Any] = wait_for(
         "the stack Ready and the real node advertising",
         done,
-        timeout=180,
+        timeout=300,
         describe=lambda: f"{describe(cluster)}\n--- operator ---\n{operator.log_tail()}",
     )
     return status
@@ -181,7 +181,7 @@ def test_a_gpu_pod_gets_its_device_through_cdi(cluster: DevCluster, deployed: di
             cluster.kubectl("get", "pod", "gpu-job", "-o", "jsonpath={.status.phase}").stdout
             in ("Succeeded", "Failed")
         ),
-        timeout=120,
+        timeout=180,
     )
     phase = cluster.kubectl("get", "pod", "gpu-job", "-o", "jsonpath={.status.phase}").stdout
     assert phase == "Succeeded", cluster.kubectl("describe", "pod", "gpu-job").stdout
@@ -209,7 +209,7 @@ def test_kubelet_and_simulated_agent_withdraw_a_stopped_plugin_alike(
             len([p for p in plugin_pods(cluster) if ready(p)]) == 2
             and all(gpu_status(cluster, node) == (str(GPUS), str(GPUS)) for node in nodes)
         ),
-        timeout=120,
+        timeout=180,
         describe=lambda: describe(cluster),
     )
 
@@ -229,12 +229,12 @@ def test_kubelet_and_simulated_agent_withdraw_a_stopped_plugin_alike(
     wait_for(
         "allocatable 0 with capacity kept on both nodes",
         lambda: all(withdrawn in record()[node] for node in nodes),
-        timeout=60,
+        timeout=120,
         describe=lambda: seen,
     )
     # The agent's grace ends first; the kubelet's (300 s) outlasts it.
     wait_for(
-        "the simulated node's capacity withdrawn", lambda: record()[SIM_NODE][-1] == ("0", "0"), timeout=60
+        "the simulated node's capacity withdrawn", lambda: record()[SIM_NODE][-1] == ("0", "0"), timeout=120
     )
     assert record()[NODE][-1] == withdrawn and time.monotonic() - gone < KUBELET_PLUGIN_STOP_GRACE_SECONDS
     advertised = (str(GPUS), str(GPUS))

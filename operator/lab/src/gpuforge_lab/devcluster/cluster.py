@@ -610,7 +610,7 @@ class DevCluster:
         if wait and names:
             self.wait_nodes_ready(names, console=console)
         if real_names:
-            self.wait_nodes_ready(real_names, console=console)
+            self.wait_nodes_ready(real_names, timeout=realnodes.BOOT_TIMEOUT_SECONDS, console=console)
             with self.api_client() as patch_client:
                 nodes_api: Any = client.CoreV1Api(patch_client)
                 for real_pool in pools:

@@ -45,6 +45,11 @@ DEVICE_PLUGIN_REPOSITORY = f"{IMAGE_REPOSITORY}/k8s-device-plugin"
 IMAGE_ENV = {"gpu-device-plugin": {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}}
 
 
+# How long a host may take to start containerd, and its kubelet to turn Ready. A few seconds on an idle
+# machine; minutes on one that also runs the rest of the test suite and builds.
+BOOT_TIMEOUT_SECONDS = 300.0
+
+
 class RealNodeError(RuntimeError):
     pass
 
@@ -378,7 +383,7 @@ def _exec(node: RealNode, *command: str) -> str:
     return _run(["podman", "exec", node.container, *command]).stdout
 
 
-def _wait_for_containerd(node: RealNode, timeout: float = 120) -> None:
+def _wait_for_containerd(node: RealNode, timeout: float = BOOT_TIMEOUT_SECONDS) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         probe = subprocess.run(
