@@ -47,7 +47,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     dev_cluster = DevCluster("realnode-operator", root=tmp_path_factory.mktemp("clusters"))
     try:
         gpu = GpuSpec(product="NVIDIA L4", count=GPUS)
-        dev_cluster.up(pools=[Pool("real", 1, gpu, real=True), Pool("sim", 1, gpu)])
+        # A grace long enough to see the simulated node's withdrawal under load, short of kubelet's.
+        dev_cluster.up(pools=[Pool("real", 1, gpu, real=True), Pool("sim", 1, gpu)], plugin_stop_grace=30)
         yield dev_cluster
     finally:
         dev_cluster.down()

@@ -44,10 +44,10 @@ PACKAGE_DIR = Path(__file__).parent
 STAGES_FILE = PACKAGE_DIR / "kwok-stages.yaml"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
-# The simulated agent keeps a stopped device plugin's devices in capacity this long: kubelet's five minutes
-# (gpuforge_lab.sim.agent.KUBELET_PLUGIN_STOP_GRACE_SECONDS) scaled down, so tests and the demo see the
-# same sequence without waiting it out.
-SIM_PLUGIN_STOP_GRACE_SECONDS = 10.0
+# The simulated agent keeps a stopped device plugin's devices in capacity this long by default: kubelet's
+# five minutes (gpuforge_lab.sim.agent.KUBELET_PLUGIN_STOP_GRACE_SECONDS) scaled down, so tests, benchmarks
+# and the demo see the same sequence without waiting it out (`up(plugin_stop_grace=...)` changes it).
+SIM_PLUGIN_STOP_GRACE_SECONDS = 5.0
 # Order matters: started in this order, stopped in reverse.
 COMPONENTS = (
     "etcd",
@@ -128,6 +128,8 @@ class ClusterState:
     # Real kubelet nodes (lab hosts under podman): name -> their RealNode fields.
     real_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    # Seconds the simulated agent keeps a stopped device plugin's devices in capacity.
+    plugin_stop_grace: float = SIM_PLUGIN_STOP_GRACE_SECONDS
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -217,6 +219,7 @@ class DevCluster:
         pools: Sequence[Pool] = (),
         console: Console | None = None,
         wait_nodes: bool = True,
+        plugin_stop_grace: float = SIM_PLUGIN_STOP_GRACE_SECONDS,
     ) -> float:
         """Start everything and return the seconds it took; raise AlreadyRunning if it runs already."""
         console = console or Console(stderr=True, soft_wrap=True)
@@ -239,6 +242,7 @@ class DevCluster:
             profile=api_profile.name,
             ports=ports,
             pools=[_pool_to_dict(p) for p in pools],
+            plugin_stop_grace=plugin_stop_grace,
         )
         self._write_configs(state)
         self._save_state(state)
@@ -447,7 +451,7 @@ class DevCluster:
                 "gpuforge_lab.sim.agent",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--state-dir={self.state_dir / 'agent'}",
-                f"--device-plugin-stop-grace={SIM_PLUGIN_STOP_GRACE_SECONDS}",
+                f"--device-plugin-stop-grace={state.plugin_stop_grace}",
             ]
         raise ValueError(component)
 
