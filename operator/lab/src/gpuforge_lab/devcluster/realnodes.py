@@ -296,6 +296,13 @@ WantedBy=multi-user.target
 """
 
 
+BINFMT_UNITS = (
+    "systemd-binfmt.service",
+    "proc-sys-fs-binfmt_misc.automount",
+    "proc-sys-fs-binfmt_misc.mount",
+)
+
+
 def container_name(cluster: str, node: str) -> str:
     return f"gpuforge-node-{cluster}-{node}"
 
@@ -353,6 +360,9 @@ def start_nodes(
                 f"{archives['pause'].parent}:/opt/gpuforge-images:ro",
                 f"{node_dir}/containerd:/var/lib/containerd",
                 f"{node_dir}/kubelet:/var/lib/kubelet",
+                # Masked: a node needs no extra binary formats, and in a container systemd-binfmt can hang
+                # on the binfmt_misc automount, holding sysinit.target (and so containerd) for minutes.
+                *(f"/dev/null:/etc/systemd/system/{unit}:ro" for unit in BINFMT_UNITS),
             ],
             # A cgroup namespace of its own: runc inside lays out its containers' cgroup mounts from it.
             podman_args=("--cgroupns", "private"),
