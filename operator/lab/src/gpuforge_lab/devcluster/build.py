@@ -8,8 +8,8 @@ shapes the build. A manifest written last marks the cache complete; a missing or
 partial or broken build, which is thrown away and rebuilt.
 
 The real nodes' programs (kubelet of the same release, the sandbox's pause program, the pretend GPU device
-plugin and a GPU workload) are built the same way from `gomod/node/` into `<cache>/nodes/<key>/bin`, under a
-key of their own: building them never invalidates the control plane.
+plugin, the pretend DRA kubelet plugin and a GPU workload) are built the same way from `gomod/node/` into
+`<cache>/nodes/<key>/bin`, under a key of their own: building them never invalidates the control plane.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ NODE_GOMOD = "node"
 # Wrapper modules of tools built on demand (helm): each has a key of its own, so neither changes the others'.
 TOOL_GOMODS = ("helm",)
 # Static programs that run in the nodes' containers (scratch images), built with CGO_ENABLED=0.
-NODE_PROGRAMS = ("pause", "gpu-workload", "gpu-device-plugin")
+NODE_PROGRAMS = ("pause", "gpu-workload", "gpu-device-plugin", "gpu-kubelet-plugin")
 NODE_BINARIES = ("kubelet", *NODE_PROGRAMS)
 
 
