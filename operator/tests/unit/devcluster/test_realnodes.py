@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -77,11 +78,41 @@ def test_containerd_honours_cdi_and_never_pulls_the_sandbox() -> None:
     assert "enable_cdi = true" in text
 
 
-def test_cni_bridge_routes_nowhere() -> None:
+def test_cni_bridge_is_the_pods_gateway_without_masquerade() -> None:
     config = realnodes.cni_config("gpuforge-node-a-real-0", "10.244.100.0/24")
     bridge = config["plugins"][0]
-    assert (bridge["isGateway"], bridge["ipMasq"]) == (False, False)
+    assert (bridge["isDefaultGateway"], bridge["ipMasq"]) == (True, False)
     assert len(bridge["bridge"]) <= 15  # a Linux interface name
+
+
+def test_pods_reach_the_api_server_only_through_their_own_bridge() -> None:
+    commands = realnodes.service_route("gpuforge-node-a-real-0", 6443)
+    bridge = realnodes.bridge_name("gpuforge-node-a-real-0")
+    dnat = commands[-1]
+    assert dnat[:5] == ["iptables", "-t", "nat", "-I", "PREROUTING"]
+    assert dnat[dnat.index("-i") + 1] == bridge
+    assert dnat[dnat.index("-d") + 1] == "10.96.0.1/32"
+    assert dnat[-1] == "127.0.0.1:6443"
+    assert f"net.ipv4.conf.{bridge}.route_localnet=1" in commands[2]
+
+
+def test_a_node_subnet_skips_routes_in_use_and_ones_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = realnodes.free_subnet("gpuforge-node-a-real-0", set())
+    routes = f"{first} dev gfother proto kernel scope link src 10.244.0.1\n"
+    monkeypatch.setattr(
+        realnodes, "_run", lambda command: subprocess.CompletedProcess(command, 0, routes, "")
+    )
+    taken: set[str] = set()
+    second = realnodes.free_subnet("gpuforge-node-a-real-0", taken)
+    third = realnodes.free_subnet("gpuforge-node-a-real-0", taken)
+    assert len({first, second, third}) == 3
+    assert taken == {second, third}
+
+
+def test_the_hosts_driver_is_the_lab_stub_stamped_with_its_version() -> None:
+    stub = realnodes.nvidia_smi_stub()
+    assert f'DRIVER_VERSION = "{realnodes.HOST_DRIVER_VERSION}"' in stub
+    assert "@CUDA_VERSION@" not in stub
 
 
 def test_node_programs_have_a_key_of_their_own() -> None:

@@ -3,8 +3,13 @@ the cluster's release and containerd 1.7 (CDI enabled), joined with a client cer
 cluster's CA. Only the GPUs are pretend: each host sees the lab's simulated hardware files.
 
 Hosts share the machine's network (nothing leaves it): every kubelet listens on loopback ports of its own, and
-pods get a bridge of their node's own, with no route off it. No image is ever pulled: the sandbox (pause) and
-workload images are built here from static programs and imported into each node's containerd.
+pods get a bridge of their node's own, with no route off the machine. No image is ever pulled: the sandbox
+(pause), workload and plugin images are built here and imported into each node's containerd.
+
+Each host has the imitation driver's `nvidia-smi` (the lab's stub, reading the simulated hardware) where a
+host-installed driver puts it, so operands that look for the driver under the driver root find one. Pods
+reach the API server as in-cluster clients do, at `kubernetes.default`'s service IP: a DNAT rule on the
+node's bridge stands in for kube-proxy.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import hashlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +44,19 @@ CLUSTER_LABEL = "io.gpuforge.devcluster"
 # Set on every real node, so tests and `status` tell them from kwok's.
 REAL_NODE_LABEL = "gpuforge.io/real-node"
 IMAGE_REPOSITORY = "localhost/gpuforge"
+# The DRA kubelet plugin's image: it needs a shell besides its program (the rendered DaemonSet's init
+# container runs `sh -c`), so it is not a one-file image like the other node programs.
+DRA_PLUGIN_PROGRAM = "gpu-kubelet-plugin"
+DRA_PLUGIN_REPOSITORY = f"{IMAGE_REPOSITORY}/{DRA_PLUGIN_PROGRAM}"
+# The release tags it also carries on the nodes, so a GpuStack with `dra.image: DRA_PLUGIN_REPOSITORY`
+# finds it: the releases whose gpu-kubelet-plugin flags and failures it follows (v25.12.0's feature gates).
+DRA_PLUGIN_RELEASES = ("v25.12.0", "v0.4.0")
+# The driver the hosts pretend to have installed: the lab's 580 branch (tests/ansible/nvidia_packages.py).
+HOST_DRIVER_VERSION = "580.95.05"
+HOST_CUDA_VERSION = "13.0"
+NVIDIA_SMI_STUB = LAB_SCRIPT.parent / "stubs" / "nvidia-smi"
+# The machine's iptables rules a node adds carry this comment prefix, so removing the node finds them.
+RULE_COMMENT_PREFIX = "gpuforge-node:"
 # The pretend device plugin is also tagged as each NVIDIA release, so the operator's rendered DaemonSet
 # runs it with nothing but `devicePlugin.image` changed (the tag is the release, as the renderer writes it).
 DEVICE_PLUGIN_REPOSITORY = f"{IMAGE_REPOSITORY}/k8s-device-plugin"
@@ -129,6 +149,8 @@ def program_images(binaries: Binaries) -> dict[str, Path]:
     images_dir = binaries.directory.parent / "images"
     images_dir.mkdir(exist_ok=True)
     for program in NODE_PROGRAMS:
+        if program == DRA_PLUGIN_PROGRAM:
+            continue
         env = "".join(f"ENV {key}={value}\n" for key, value in IMAGE_ENV.get(program, {}).items())
         containerfile = f'FROM scratch\nCOPY {program} /{program}\n{env}ENTRYPOINT ["/{program}"]\n'
         recipe = hashlib.sha256(containerfile.encode()).hexdigest()[:8]
@@ -144,6 +166,45 @@ def program_images(binaries: Binaries) -> dict[str, Path]:
             partial.rename(archive)
         archives[program] = archive
     return archives
+
+
+DRA_PLUGIN_CONTAINERFILE = """ARG BASE
+FROM ${BASE} AS userland
+FROM scratch
+# A POSIX shell and sleep from the host image's Debian, with the C library they link: enough for the
+# rendered DaemonSet's wait-for-driver init container.
+COPY --from=userland /bin/dash /bin/sh
+COPY --from=userland /bin/sleep /bin/sleep
+COPY --from=userland /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/libc.so.6
+COPY --from=userland /lib64/ld-linux-x86-64.so.2 /lib64/ld-linux-x86-64.so.2
+COPY gpu-kubelet-plugin /usr/bin/gpu-kubelet-plugin
+ENV PATH=/usr/bin:/bin
+ENTRYPOINT ["/usr/bin/gpu-kubelet-plugin"]
+"""
+
+
+def dra_plugin_image(binaries: Binaries, base: str) -> Path:
+    """The pretend DRA kubelet plugin's image as an archive beside the build (built once per build key);
+    its reference is program_image_ref(binaries, DRA_PLUGIN_PROGRAM)."""
+    images_dir = binaries.directory.parent / "images"
+    images_dir.mkdir(exist_ok=True)
+    archive = images_dir / f"{DRA_PLUGIN_PROGRAM}.tar"
+    if not archive.is_file():
+        ref = program_image_ref(binaries, DRA_PLUGIN_PROGRAM)
+        with tempfile.TemporaryDirectory() as context:
+            shutil.copy2(binaries.path(DRA_PLUGIN_PROGRAM), Path(context) / DRA_PLUGIN_PROGRAM)
+            (Path(context) / "Containerfile").write_text(DRA_PLUGIN_CONTAINERFILE)
+            _run(["podman", "build", "--build-arg", f"BASE={base}", "-t", ref, context])
+        partial = archive.with_suffix(".partial")
+        _run(["podman", "save", "--format", "docker-archive", "-o", str(partial), ref])
+        partial.rename(archive)
+    return archive
+
+
+def nvidia_smi_stub() -> str:
+    """The imitation driver's nvidia-smi, stamped with the version the hosts pretend to run."""
+    text = NVIDIA_SMI_STUB.read_text()
+    return text.replace("@DRIVER_VERSION@", HOST_DRIVER_VERSION).replace("@CUDA_VERSION@", HOST_CUDA_VERSION)
 
 
 def kubelet_config(node: RealNode, address: str) -> dict[str, Any]:
@@ -216,8 +277,9 @@ def bridge_name(container: str) -> str:
 
 
 def cni_config(container: str, subnet: str) -> dict[str, Any]:
-    """A bridge of the node's own with no gateway, route or masquerade: pods reach each other on the node
-    and nothing else (the hosts share the machine's network namespace, so the bridge lives there)."""
+    """A bridge of the node's own, the pods' gateway, without masquerade: pods reach each other, the
+    machine (the kubelet probes them; they reach the API server through service_route) and nothing
+    beyond it. The hosts share the machine's network namespace, so the bridge lives there."""
     return {
         "cniVersion": "1.0.0",
         "name": "gpuforge-node",
@@ -225,13 +287,58 @@ def cni_config(container: str, subnet: str) -> dict[str, Any]:
             {
                 "type": "bridge",
                 "bridge": bridge_name(container),
-                "isGateway": False,
+                # The default route too: in-cluster clients dial kubernetes.default's service IP.
+                "isDefaultGateway": True,
                 "ipMasq": False,
                 "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]]},
             },
             {"type": "loopback"},
         ],
     }
+
+
+def free_subnet(container: str, taken: set[str]) -> str:
+    """A /24 of the pod CIDR for the node's bridge that no route of the machine uses yet, starting at one
+    chosen by the container's name (bridges of every cluster share the machine's routing table), and not
+    in `taken`, to which it is added."""
+    used = _run(["ip", "-4", "route", "show"]).stdout
+    start = int(hashlib.sha256(container.encode()).hexdigest()[:4], 16)
+    for offset in range(256):
+        subnet = f"10.244.{(start + offset) % 256}.0/24"
+        if subnet not in taken and f"{subnet} " not in used:
+            taken.add(subnet)
+            return subnet
+    raise RealNodeError("no free /24 left in 10.244.0.0/16 for a node's pods")
+
+
+def service_route(container: str, apiserver_port: int) -> list[list[str]]:
+    """Commands that let the node's pods reach the API server at kubernetes.default's service IP, which
+    in-cluster clients (the DRA kubelet plugin) use: the bridge, made before CNI does, routes to loopback,
+    and a DNAT rule limited to it sends the service's port to the API server (which listens on loopback)."""
+    bridge = bridge_name(container)
+    return [
+        ["ip", "link", "add", bridge, "type", "bridge"],
+        ["ip", "link", "set", bridge, "up"],
+        ["sysctl", "-q", "-w", f"net.ipv4.conf.{bridge}.route_localnet=1"],
+        [
+            "iptables", "-t", "nat", "-I", "PREROUTING", "-i", bridge,
+            "-d", f"{pki.KUBERNETES_SERVICE_IP}/32", "-p", "tcp", "--dport", "443",
+            "-m", "comment", "--comment", f"{RULE_COMMENT_PREFIX}{container}",
+            "-j", "DNAT", "--to-destination", f"127.0.0.1:{apiserver_port}",
+        ],
+    ]  # fmt: skip
+
+
+def remove_bridge(container: str) -> None:
+    """Delete the node's bridge and DNAT rules: they outlive the host, in the machine's network namespace."""
+    subprocess.run(["ip", "link", "delete", bridge_name(container)], capture_output=True, check=False)
+    rules = subprocess.run(
+        ["iptables", "-t", "nat", "-S", "PREROUTING"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    for rule in rules:
+        if f"{RULE_COMMENT_PREFIX}{container}" in rule and rule.startswith("-A "):
+            spec = shlex.split(rule)[1:]
+            subprocess.run(["iptables", "-t", "nat", "-D", *spec], capture_output=True, check=False)
 
 
 def machine_address() -> str:
@@ -319,9 +426,12 @@ def start_nodes(
     binaries = build_nodes()
     image = node_image()
     archives = program_images(binaries)
+    archives[DRA_PLUGIN_PROGRAM] = dra_plugin_image(binaries, str(_lab().build_image("debian12")))
     sandbox_image = program_image_ref(binaries, "pause")
     address = machine_address()
-    for index, node in enumerate(nodes):
+    apiserver_port = urllib.parse.urlsplit(server).port or 443
+    subnets: set[str] = set()
+    for node in nodes:
         node_dir = state_dir / "nodes" / node.name
         config_dir = node_dir / "config"
         config_dir.mkdir(parents=True, exist_ok=True)
@@ -331,7 +441,10 @@ def start_nodes(
             "kubelet.kubeconfig": pki.kubeconfig(pki_dir, identity, server, "local"),
             "kubelet.yaml": yaml.safe_dump(kubelet_config(node, address)),
             "containerd.toml": containerd_config(sandbox_image),
-            "10-gpuforge.conflist": json.dumps(cni_config(node.container, f"10.244.{100 + index}.0/24")),
+            "10-gpuforge.conflist": json.dumps(
+                cni_config(node.container, free_subnet(node.container, subnets))
+            ),
+            "nvidia-smi": nvidia_smi_stub(),
             "kubelet.service": KUBELET_UNIT.format(
                 name=node.name, address=address, labels=f"{REAL_NODE_LABEL}=true"
             ),
@@ -340,6 +453,10 @@ def start_nodes(
         for file_name, content in files.items():
             (config_dir / file_name).write_text(content)
         (config_dir / "nvidia-container-runtime").chmod(0o755)
+        (config_dir / "nvidia-smi").chmod(0o755)
+        remove_bridge(node.container)  # what a host of this name left behind (a crash before `down`)
+        for command in service_route(node.container, apiserver_port):
+            _run(command)
         hardware = node_dir / "hardware"
         lab.write_hardware(lab.HostSpec(name=node.name, gpus=list(node.gpus)), hardware)
         for directory in ("containerd", "kubelet"):
@@ -355,6 +472,7 @@ def start_nodes(
                 f"{config_dir}/containerd.toml:/etc/containerd/config.toml:ro",
                 f"{config_dir}/10-gpuforge.conflist:/etc/cni/net.d/10-gpuforge.conflist:ro",
                 f"{config_dir}/kubelet.service:/etc/systemd/system/kubelet.service:ro",
+                f"{config_dir}/nvidia-smi:/usr/bin/nvidia-smi:ro",
                 f"{binaries.path('kubelet')}:/usr/local/bin/kubelet:ro",
                 f"{config_dir}/nvidia-container-runtime:/usr/local/bin/nvidia-container-runtime:ro",
                 f"{archives['pause'].parent}:/opt/gpuforge-images:ro",
@@ -379,6 +497,10 @@ def start_nodes(
         for tag in device_plugin_tags():
             _exec(node, "ctr", "-n", "k8s.io", "images", "tag", "--force",
                   program_image_ref(binaries, "gpu-device-plugin"), tag)  # fmt: skip
+        dra_plugin = program_image_ref(binaries, DRA_PLUGIN_PROGRAM)
+        for release in DRA_PLUGIN_RELEASES:
+            _exec(node, "ctr", "-n", "k8s.io", "images", "tag", "--force", dra_plugin,
+                  f"{DRA_PLUGIN_REPOSITORY}:{release}")  # fmt: skip
         _exec(node, "systemctl", "start", "kubelet.service")
 
 
@@ -423,8 +545,7 @@ def remove_nodes(cluster: str) -> list[str]:
     """Remove every real node host of the cluster; idempotent. Returns the removed container names."""
     names = remove_containers(f"{CLUSTER_LABEL}={cluster}")
     for name in names:
-        # The bridge outlives the host: it lives in the machine's network namespace.
-        subprocess.run(["ip", "link", "delete", bridge_name(name)], capture_output=True, check=False)
+        remove_bridge(name)
     return names
 
 
