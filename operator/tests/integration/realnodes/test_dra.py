@@ -202,3 +202,45 @@ def test_a_claim_is_allocated_prepared_injected_and_unprepared(cluster: DevClust
 
     cluster.kubectl("delete", "pod", "dra-workload", "--wait=true", "--timeout=120s")
     wait_for("the claim's CDI spec to go", lambda: not _cdi_specs(cluster), timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        # cmd/gpu-kubelet-plugin/main.go: image-name is Required (urfave/cli's message).
+        ({"NODE_NAME": NODE}, 'Required flag "image-name" not set'),
+        # pkg/featuregates/featuregates.go of v25.12.0 has no such gate; featuregate.Set refuses it.
+        (
+            {"NODE_NAME": NODE, "IMAGE_NAME": "x", "FEATURE_GATES": "Bogus=true"},
+            "unrecognized feature gate: Bogus",
+        ),
+    ],
+)
+def test_the_plugin_exits_as_the_release_does(cluster: DevCluster, env: dict[str, str], error: str) -> None:
+    name = f"bad-plugin-{len(env)}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeName": NODE,
+            "containers": [
+                {
+                    "name": "gpus",
+                    "image": realnodes.program_image_ref(build_nodes(), realnodes.DRA_PLUGIN_PROGRAM),
+                    "imagePullPolicy": "Never",
+                    "env": [{"name": key, "value": value} for key, value in env.items()],
+                }
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def exit_code() -> str:
+        return cluster.kubectl(
+            "get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].state.terminated.exitCode}"
+        ).stdout
+
+    assert wait_for(f"{name} to exit", exit_code, timeout=120) == "1"
+    assert error in cluster.kubectl("logs", name).stdout  # the container's stderr, as kubelet logged it
