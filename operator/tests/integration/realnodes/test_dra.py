@@ -244,3 +244,47 @@ def test_the_plugin_exits_as_the_release_does(cluster: DevCluster, env: dict[str
 
     assert wait_for(f"{name} to exit", exit_code, timeout=120) == "1"
     assert error in cluster.kubectl("logs", name).stdout  # the container's stderr, as kubelet logged it
+
+
+def test_a_kubelet_restart_keeps_the_plugin_serving_claims(cluster: DevCluster, dra_stack: Any) -> None:
+    subprocess.run(["podman", "exec", _host(cluster), "systemctl", "restart", "kubelet"], check=True)
+    binaries = build_nodes()
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "after-restart", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "after-restart", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "after-restart"}],
+            "containers": [
+                {
+                    "name": "workload",
+                    "image": realnodes.program_image_ref(binaries, "gpu-workload"),
+                    "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(claim))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def phase() -> str:
+        value = cluster.kubectl("get", "pod", "after-restart", "-o", "jsonpath={.status.phase}").stdout
+        return value if value in ("Succeeded", "Failed") else ""
+
+    assert wait_for("the pod after the kubelet restart", phase, timeout=180,
+                    describe=lambda: _diagnose(cluster)) == "Succeeded"  # fmt: skip
+    # The kubelet found the plugin again through its registration socket and had it prepare the claim.
+    assert "env GPUFORGE_DRA_CLAIM=default/after-restart" in cluster.kubectl("logs", "after-restart").stdout
+    # The restarted kubelet removes the node's ResourceSlices of drivers not yet registered with it; the
+    # plugin's slice controller, watching them, publishes its pool again.
+    wait_for("the plugin's ResourceSlice again", lambda: len(_slices(cluster)) == 1, timeout=120)
+    (plugin,) = _plugin_pods(cluster)
+    assert all(c["restartCount"] == 0 for c in plugin["status"]["containerStatuses"])
