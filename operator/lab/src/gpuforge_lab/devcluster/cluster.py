@@ -58,6 +58,11 @@ COMPONENTS = (
     "gpu-agent",
 )
 CONTROL_PLANE_RESTARTED_ON_UPGRADE = COMPONENTS[1:]
+# kwok renews a node's lease every quarter of its duration: 1200 s is one write per node every 300 s,
+# 17 writes/s for 5,000 nodes (40 s, a kubelet's default, would be 500/s: the API server's whole CPU here).
+NODE_LEASE_SECONDS = 1200
+# Nodes `wait_nodes_ready` may wait for per second on this machine, on top of its fixed timeout.
+NODES_READY_PER_SECOND = 20
 
 
 class ClusterError(RuntimeError):
@@ -419,8 +424,8 @@ class DevCluster:
                 # Simulated nodes go NotReady only when told to (kwok sets the condition at once); on a
                 # loaded machine their lease renewals can lag past the 50 s default, and the node
                 # lifecycle controller would then mark plugin pods NotReady for good (kwok's stages
-                # never make a Running pod Ready again).
-                "--node-monitor-grace-period=300s",
+                # never make a Running pod Ready again). Three renewal periods of kwok's leases (below).
+                f"--node-monitor-grace-period={3 * NODE_LEASE_SECONDS // 4}s",
                 *([f"--feature-gates={component_gates}"] if component_gates else []),
                 "--v=1",
             ]
@@ -441,7 +446,7 @@ class DevCluster:
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--config={self.state_dir / 'kwok-stages.yaml'}",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
                 f"--cidr={POD_CIDR}",
             ]
         if component == "gpu-agent":
@@ -657,27 +662,51 @@ class DevCluster:
         return sorted(state.real_nodes) if state else []
 
     def wait_nodes_ready(
-        self, names: Sequence[str], timeout: float = 180, console: Console | None = None
+        self, names: Sequence[str], timeout: float | None = None, console: Console | None = None
     ) -> None:
-        from kubernetes import client
-
+        """Wait until every named node is Ready: by default 180 s plus the time kwok needs for that many
+        nodes here. Reads the nodes a page at a time from the API server's watch cache as plain JSON:
+        a list turned into client objects costs seconds of this process's CPU per 1,000 nodes."""
+        if timeout is None:
+            timeout = 180 + len(names) / NODES_READY_PER_SECOND
         wanted = set(names)
         deadline = time.monotonic() + timeout
         with self.api_client() as api_client:
-            core: Any = client.CoreV1Api(api_client)
             while True:
-                ready = {
-                    node.metadata.name
-                    for node in core.list_node().items
-                    if node.metadata.name in wanted
-                    and any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-                }
+                ready = {name for name in self._ready_node_names(api_client) if name in wanted}
                 if ready == wanted:
                     return
                 if time.monotonic() > deadline:
                     missing = sorted(wanted - ready)
                     raise ClusterError(f"{len(missing)} nodes not Ready after {timeout:.0f}s: {missing[:10]}")
-                time.sleep(0.25)
+                time.sleep(0.25 if len(wanted) <= 100 else 2)
+
+    @staticmethod
+    def _ready_node_names(api_client: Any, page: int = 500) -> set[str]:
+        from kubernetes import client
+
+        core: Any = client.CoreV1Api(api_client)
+        ready: set[str] = set()
+        token: str | None = None
+        while True:
+            response = core.list_node(
+                limit=page,
+                _continue=token or None,
+                resource_version="0" if token is None else None,
+                _preload_content=False,
+            )
+            listing = json.loads(response.data)
+            ready.update(
+                item["metadata"]["name"]
+                for item in listing["items"]
+                if any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (item.get("status") or {}).get("conditions") or []
+                )
+            )
+            token = listing["metadata"].get("continue")
+            if not token:
+                return ready
 
     def set_node_health(self, name: str, ready: bool) -> None:
         """Failure injection: make kwok report the node NotReady (ready=False) or Ready again."""

@@ -433,6 +433,12 @@ class NodeView:
     pending_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without metadata.managedFields (never read here; a third of a node's JSON)."""
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
 def _pod_ready(pod: dict[str, Any]) -> bool:
     if pod["metadata"].get("deletionTimestamp"):
         return False
@@ -480,6 +486,28 @@ class Agent:
     def _watch() -> Any:
         return watch.Watch()  # type: ignore[no-untyped-call]
 
+    @staticmethod
+    def _list_raw(func: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
+        """A list as plain JSON (items without managedFields) and its resourceVersion: with thousands of
+        nodes, turning each into a client object and back costs more CPU than the API server's answer."""
+        listing = json.loads(func(_preload_content=False, **kwargs).data)
+        items = [_slim(item) for item in listing.get("items") or []]
+        return items, listing["metadata"]["resourceVersion"]
+
+    def _watch_raw(self, func: Any, resource_version: str, **kwargs: Any) -> Any:
+        """(type, object) of a watch from `resource_version`, objects as plain JSON without managedFields."""
+
+        def unannotated(**call: Any) -> Any:  # no return type: the watch yields plain dicts
+            return func(**call)
+
+        for event in self._watch().stream(
+            unannotated, resource_version=resource_version, timeout_seconds=300, **kwargs
+        ):
+            if event["type"] == "ERROR":
+                raise RuntimeError(f"watch error: {event['object']}")
+            if event["type"] != "BOOKMARK":
+                yield event["type"], _slim(event["object"])
+
     def _serialize(self, obj: Any) -> dict[str, Any]:
         result: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         return result
@@ -487,11 +515,10 @@ class Agent:
     def watch_nodes(self) -> None:
         while True:
             try:
-                listing = self.core.list_node()
+                items, resource_version = self._list_raw(self.core.list_node)
                 with self.lock:
                     seen = set()
-                    for item in listing.items:
-                        node = self._serialize(item)
+                    for node in items:
                         name = node["metadata"]["name"]
                         seen.add(name)
                         self.nodes.setdefault(name, NodeView()).obj = node
@@ -500,19 +527,13 @@ class Agent:
                 for name in list(self.nodes):
                     self.work.put(name)
                 self._node_synced.set()
-                stream = self._watch().stream(
-                    self.core.list_node,
-                    resource_version=listing.metadata.resource_version,
-                    timeout_seconds=300,
-                )
-                for event in stream:
-                    node = self._serialize(event["object"])
+                for kind, node in self._watch_raw(self.core.list_node, resource_version):
                     name = node["metadata"]["name"]
                     with self.lock:
                         view = self.nodes.setdefault(name, NodeView())
                         first = view.obj is None
-                        view.obj = None if event["type"] == "DELETED" else node
-                    if first or event["type"] == "DELETED":
+                        view.obj = None if kind == "DELETED" else node
+                    if first or kind == "DELETED":
                         self.work.put(name)
             except Exception as error:  # watches end and fail; start over from a fresh list
                 log.info("node watch restarts: %s", error)
@@ -522,7 +543,9 @@ class Agent:
         selector = f"{COMPONENT_LABEL} in ({','.join(STARTED_COMPONENTS)})"
         while True:
             try:
-                listing = self.core.list_pod_for_all_namespaces(label_selector=selector)
+                items, resource_version = self._list_raw(
+                    self.core.list_pod_for_all_namespaces, label_selector=selector
+                )
                 with self.lock:
                     for view in self.nodes.values():
                         view.device_plugin_pods.clear()
@@ -532,21 +555,17 @@ class Agent:
                     self.pod_nodes.clear()
                     self.pending_nodes.clear()
                     # configs of pods deleted while the watch was down are dropped
-                    listed = {item.metadata.uid for item in listing.items}
+                    listed = {item["metadata"]["uid"] for item in items}
                     self.pod_configs = {u: c for u, c in self.pod_configs.items() if u in listed}
-                for item in listing.items:
-                    self._on_pod(self._serialize(item), deleted=False)
+                for item in items:
+                    self._on_pod(item, deleted=False)
                 for name in list(self.nodes):
                     self.work.put(name)
                 self._pod_synced.set()
-                stream = self._watch().stream(
-                    self.core.list_pod_for_all_namespaces,
-                    label_selector=selector,
-                    resource_version=listing.metadata.resource_version,
-                    timeout_seconds=300,
-                )
-                for event in stream:
-                    self._on_pod(self._serialize(event["object"]), deleted=event["type"] == "DELETED")
+                for kind, pod in self._watch_raw(
+                    self.core.list_pod_for_all_namespaces, resource_version, label_selector=selector
+                ):
+                    self._on_pod(pod, deleted=kind == "DELETED")
             except Exception as error:
                 log.info("pod watch restarts: %s", error)
                 time.sleep(1)
@@ -748,11 +767,11 @@ class Agent:
                 "allocatable": {r: str(allocatable[r]) for r in mentioned},
             }
         }
-        updated = self.core.patch_node_status(name, body)
+        updated = _slim(json.loads(self.core.patch_node_status(name, body, _preload_content=False).data))
         with self.lock:
             view = self.nodes.get(name)
             if view is not None:
-                view.obj = self._serialize(updated)
+                view.obj = updated
 
     def _publish_slice(self, node: dict[str, Any], gpu: GpuSpec, vfio: bool) -> None:
         assert self.slice_version is not None
