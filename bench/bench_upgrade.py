@@ -46,7 +46,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import Operator, cluster_with_operator, cpu_seconds, peak_rss_mib
+from harness import (
+    Operator,
+    cluster_with_operator,
+    control_plane_peaks_mib,
+    cpu_seconds,
+    peak_rss_mib,
+    rss_mib,
+)
 from report import write_rows
 
 from gpuforge_lab.devcluster.cluster import DevCluster
@@ -159,21 +166,12 @@ def _done(cluster: DevCluster, nodes: int, mode: str) -> bool:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--log", type=Path, help="keep the operator's log here")
-    parser.add_argument(
-        "--profile",
-        type=Path,
-        help="sample the operator's Python CPU with py-spy during the migration (collapsed stacks, for"
-        " flame graphs; `pip install py-spy`)",
-    )
-    args = parser.parse_args()
-    batches = math.ceil(100 / MAX_UNAVAILABLE_PERCENT)
-
-    with cluster_with_operator("bench-upgrade", args.nodes, keep_log=args.log) as (cluster, process):
+def measure(
+    nodes: int, log: Path | None = None, profile: Path | None = None
+) -> dict[str, Any]:
+    """One migration of `nodes` simulated nodes from the device plugin to DRA; the raw readings."""
+    timings: dict[str, float] = {}
+    with cluster_with_operator("bench-upgrade", nodes, keep_log=log, timings=timings) as (cluster, process):
         stack = {
             "apiVersion": "gpuforge.io/v1alpha1",
             "kind": "GpuStack",
@@ -189,14 +187,15 @@ def main() -> None:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
         _wait(
             "the device plugin on every node",
-            lambda: _done(cluster, args.nodes, "devicePlugin"),
-            600,
+            lambda: _done(cluster, nodes, "devicePlugin"),
+            600 + nodes / 5,
             cluster,
         )
         time.sleep(2)
         before = _readings(process)
+        rss_before = rss_mib(process.pid)
         profiler = None
-        if args.profile:
+        if profile:
             profiler = subprocess.Popen(
                 [
                     str(Path(sys.executable).with_name("py-spy")),
@@ -209,7 +208,7 @@ def main() -> None:
                     "--rate",
                     "25",
                     "--output",
-                    str(args.profile),
+                    str(profile),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -217,18 +216,54 @@ def main() -> None:
         load = os.getloadavg()[0]
         started = time.monotonic()
         cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
-        _wait("every node on DRA", lambda: _done(cluster, args.nodes, "dra"), 1800, cluster)
+        _wait("every node on DRA", lambda: _done(cluster, nodes, "dra"), 1800 + nodes / 2, cluster)
         wall = time.monotonic() - started
         load = max(load, os.getloadavg()[0])
         after = _readings(process)
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(timeout=60)
-        if args.log:  # the operator's metrics at the end, next to its log
-            args.log.with_suffix(".metrics").write_text(process.metrics())
+        if log:  # the operator's metrics at the end, next to its log
+            log.with_suffix(".metrics").write_text(process.metrics())
         peak = peak_rss_mib(process.pid)
         violations = len(cluster.violations())
+        control_plane = control_plane_peaks_mib(cluster)
+    return {
+        "before": before,
+        "after": after,
+        "wall": wall,
+        "load": load,
+        "peak": peak,
+        "rss_before": rss_before,
+        "violations": violations,
+        "up": timings["up"],
+        "control_plane": control_plane,
+    }
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--log", type=Path, help="keep the operator's log here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="sample the operator's Python CPU with py-spy during the migration (collapsed stacks, for"
+        " flame graphs; py-spy is a dev dependency)",
+    )
+    args = parser.parse_args()
+    rows = upgrade_rows(args.nodes, measure(args.nodes, args.log, args.profile))
+    write_rows(args.out, rows)
+    for row in rows:
+        print(f"{row['name']}: {row['value']} {row['unit']}")
+
+
+def upgrade_rows(nodes: int, measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """The benchmark's rows from one measured migration."""
+    batches = math.ceil(100 / MAX_UNAVAILABLE_PERCENT)
+    before, after = measured["before"], measured["after"]
+    wall, load, peak, violations = measured["wall"], measured["load"], measured["peak"], measured["violations"]
     diff = {name: after[name] - before[name] for name in SUMS}
     requests, operator_seconds, passes = diff["requests"], diff["passes_seconds"], diff["passes"]
     wake_delay, quick = diff["wake_delay"], diff["quick"]
@@ -242,27 +277,27 @@ def main() -> None:
         )
         for step, (total, n) in after["by_step"].items()
     }
-    added_per_batch = reaction / args.nodes  # a node cycle per batch: see the module docstring
+    added_per_batch = reaction / nodes  # a node cycle per batch: see the module docstring
     busy_per_batch = (operator_seconds + quick) / batches
 
     def mean(what: str) -> float:
         return diff[f"{what} sum"] / max(diff[f"{what} count"], 1)
 
     in_states = mean("in wait-old-gone") + mean("in validation-required")
-    per_node = requests / args.nodes
+    per_node = requests / nodes
     rows = [
         {
-            "name": f"migration wall time, {args.nodes} nodes",
+            "name": f"migration wall time, {nodes} nodes",
             "value": round(wall, 1),
             "unit": "s",
         },
         {
-            "name": f"wall time per batch of {args.nodes // batches}",
+            "name": f"wall time per batch of {nodes // batches}",
             "value": round(wall / batches, 2),
             "unit": "s",
         },
         {
-            "name": f"operator time added per batch of {args.nodes // batches}",
+            "name": f"operator time added per batch of {nodes // batches}",
             "value": round(added_per_batch, 2),
             "unit": "s",
             "target": 2,
@@ -296,7 +331,7 @@ def main() -> None:
             "note": "plus the admission's time, about the wall time per batch",
         },
         {
-            "name": f"operator busy per batch of {args.nodes // batches} (whole passes + quick steps)",
+            "name": f"operator busy per batch of {nodes // batches} (whole passes + quick steps)",
             "value": round(busy_per_batch, 2),
             "unit": "s",
         },
@@ -325,7 +360,7 @@ def main() -> None:
             "unit": "passes",
         },
         {
-            "name": f"operator CPU time per batch of {args.nodes // batches}",
+            "name": f"operator CPU time per batch of {nodes // batches}",
             "value": round(operator_cpu / batches, 2),
             "unit": "s",
         },
@@ -351,9 +386,7 @@ def main() -> None:
             "ok": violations == 0,
         },
     ]
-    write_rows(args.out, rows)
-    for row in rows:
-        print(f"{row['name']}: {row['value']} {row['unit']}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -41,6 +41,26 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def rss_mib(pid: int) -> float:
+    """The process's resident memory now (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def control_plane_peaks_mib(cluster: DevCluster) -> dict[str, float]:
+    """Peak resident memory (VmHWM) of each process the cluster started, by component."""
+    state = cluster.load_state()
+    peaks: dict[str, float] = {}
+    for component, record in (state.processes if state else {}).items():
+        try:
+            peaks[component] = round(peak_rss_mib(record.pid), 1)
+        except OSError:
+            continue
+    return peaks
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -119,13 +139,16 @@ def operator(cluster: DevCluster, log: Path) -> Iterator[Operator]:
 
 @contextmanager
 def cluster_with_operator(
-    name: str, nodes: int, keep_log: Path | None = None
+    name: str, nodes: int, keep_log: Path | None = None, timings: dict[str, float] | None = None
 ) -> Iterator[tuple[DevCluster, Operator]]:
     """A local control plane of `nodes` uniform GPU nodes with the GpuStack CRD and the operator running;
-    torn down when the block ends (the operator's log copied to `keep_log` first, if given)."""
+    torn down when the block ends (the operator's log copied to `keep_log` first, if given). `timings`
+    gets "up": the seconds from starting the control plane to every node Ready."""
     with tempfile.TemporaryDirectory(prefix=f"gpuforge-{name}-") as tmp:
         cluster = DevCluster(name, Path(tmp))
-        cluster.up("1.36", uniform_pools(nodes))
+        up = cluster.up("1.36", uniform_pools(nodes))
+        if timings is not None:
+            timings["up"] = up
         log = Path(tmp) / "operator.log"
         try:
             install_crd(cluster)

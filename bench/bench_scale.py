@@ -1,0 +1,172 @@
+"""Scaling curve of the device plugin -> DRA migration: the upgrade benchmark (bench_upgrade) at 500, 1,000,
+2,000 and 5,000 simulated nodes, maxUnavailable 10%, each on a fresh local control plane.
+
+Per size:
+- time from starting the control plane to every node Ready, and each control-plane process's peak memory;
+- operator CPU-seconds per 100 nodes migrated (the operator process's user + system time over the
+  migration, divided by nodes / 100: CPU time, not wall time, as the machine is shared; with a sliding
+  window of maxUnavailable slots this is its CPU per batch of 100);
+- operator time added per node cycle (the reaction time of bench_upgrade, wall time, for comparison);
+- API requests per node, the operator's peak memory (VmHWM) and its resident memory before the migration
+  per node (what the informers' caches hold), and moments a node advertised through both stacks;
+- the machine's load (1-minute average).
+Then a MODEL, a least-squares line through the measured sizes (a fit, not a measurement): the operator's
+total CPU, requests and peak memory as a + b * nodes, extrapolated to 20,000 nodes.
+Targets at 5,000 nodes: under 1 s of operator CPU per 100 nodes, under 8 requests per node, under 400 MiB
+peak, 0 double advertisement.
+
+Each size's figures are written to the --out file as soon as it is measured (a later size that fails
+leaves the earlier ones).
+
+Usage: python bench/bench_scale.py --out bench/results/scale.json [--sizes 500,1000,2000,5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from bench_upgrade import SUMS, measure
+from report import write_rows
+
+MODEL_AT = 20_000
+TARGET_NODES = 5_000
+TARGET_CPU_PER_100 = 1.0
+TARGET_REQUESTS = 8.0
+TARGET_PEAK_MIB = 400.0
+
+
+def figures(nodes: int, measured: dict[str, Any]) -> dict[str, float]:
+    """The scaling figures of one measured migration."""
+    diff = {name: measured["after"][name] - measured["before"][name] for name in SUMS}
+    cpu = measured["after"]["cpu"] - measured["before"]["cpu"]
+    return {
+        "nodes": nodes,
+        "up_seconds": round(measured["up"], 1),
+        "migration_seconds": round(measured["wall"], 1),
+        "operator_cpu_seconds": round(cpu, 2),
+        "cpu_per_100_nodes": round(cpu / (nodes / 100), 3),
+        "cpu_ms_per_node": round(1000 * cpu / nodes, 2),
+        "added_per_node_cycle": round(diff["reaction"] / nodes, 3),
+        "requests": diff["requests"],
+        "requests_per_node": round(diff["requests"] / nodes, 2),
+        "peak_mib": round(measured["peak"], 1),
+        "rss_before_mib": round(measured["rss_before"], 1),
+        "violations": measured["violations"],
+        "load": round(measured["load"], 1),
+        **{f"peak_mib {name}": mib for name, mib in measured["control_plane"].items()},
+    }
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line y = a + b x through the points: (a, b)."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread else 0.0
+    return mean_y - slope * mean_x, slope
+
+
+def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for m in measured:
+        n = int(m["nodes"])
+        at_target = n == TARGET_NODES
+
+        def checked(value: float, target: float) -> dict[str, Any]:
+            return {"target": f"< {target:g}", "ok": value < target} if at_target else {}
+
+        rows += [
+            {"name": f"{n} nodes: control plane up, every node Ready", "value": m["up_seconds"], "unit": "s"},
+            {
+                "name": f"{n} nodes: control-plane peak memory",
+                "value": round(sum(v for k, v in m.items() if k.startswith("peak_mib ")), 0),
+                "unit": "MiB",
+                "note": ", ".join(f"{k.removeprefix('peak_mib ')} {v:.0f}" for k, v in m.items() if k.startswith("peak_mib ")),
+            },
+            {"name": f"{n} nodes: migration wall time", "value": m["migration_seconds"], "unit": "s"},
+            {
+                "name": f"{n} nodes: operator CPU per batch of 100",
+                "value": m["cpu_per_100_nodes"],
+                "unit": "s",
+                **checked(m["cpu_per_100_nodes"], TARGET_CPU_PER_100),
+                "note": f"{m['operator_cpu_seconds']} CPU-s in all, {m['cpu_ms_per_node']} ms per node",
+            },
+            {
+                "name": f"{n} nodes: operator time added per node cycle (wall)",
+                "value": m["added_per_node_cycle"],
+                "unit": "s",
+            },
+            {
+                "name": f"{n} nodes: API requests per node",
+                "value": m["requests_per_node"],
+                "unit": "requests",
+                **checked(m["requests_per_node"], TARGET_REQUESTS),
+            },
+            {
+                "name": f"{n} nodes: operator peak memory",
+                "value": m["peak_mib"],
+                "unit": "MiB",
+                **checked(m["peak_mib"], TARGET_PEAK_MIB),
+                "note": f"{m['rss_before_mib']} MiB resident before the migration",
+            },
+            {
+                "name": f"{n} nodes: moments a node advertised through both stacks",
+                "value": int(m["violations"]),
+                "unit": "moments",
+                "target": 0,
+                "ok": m["violations"] == 0,
+            },
+            {"name": f"{n} nodes: machine load (1-minute average)", "value": m["load"], "unit": ""},
+        ]
+    if len(measured) >= 2:
+        xs = [m["nodes"] for m in measured]
+        cpu = fit(xs, [m["operator_cpu_seconds"] for m in measured])
+        requests = fit(xs, [m["requests"] for m in measured])
+        peak = fit(xs, [m["peak_mib"] for m in measured])
+        rows += [
+            {
+                "name": f"MODEL (least-squares fit, not measured): operator CPU per batch of 100 at {MODEL_AT}",
+                "value": round((cpu[0] + cpu[1] * MODEL_AT) / (MODEL_AT / 100), 3),
+                "unit": "s",
+                "note": f"total CPU = {cpu[0]:.1f} s + {1000 * cpu[1]:.2f} ms x nodes",
+            },
+            {
+                "name": f"MODEL (least-squares fit, not measured): API requests per node at {MODEL_AT}",
+                "value": round((requests[0] + requests[1] * MODEL_AT) / MODEL_AT, 2),
+                "unit": "requests",
+                "note": f"requests = {requests[0]:.0f} + {requests[1]:.2f} x nodes",
+            },
+            {
+                "name": f"MODEL (least-squares fit, not measured): operator peak memory at {MODEL_AT}",
+                "value": round(peak[0] + peak[1] * MODEL_AT, 0),
+                "unit": "MiB",
+                "note": f"peak = {peak[0]:.0f} MiB + {1024 * peak[1]:.1f} KiB x nodes",
+            },
+        ]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sizes", default="500,1000,2000,5000", help="node counts, comma-separated")
+    parser.add_argument("--logs", type=Path, help="keep each size's operator log in this directory")
+    args = parser.parse_args()
+    measured: list[dict[str, float]] = []
+    for nodes in (int(size) for size in args.sizes.split(",")):
+        print(f"--- {nodes} nodes (load {os.getloadavg()[0]:.1f})", flush=True)
+        log = args.logs / f"operator-{nodes}.log" if args.logs else None
+        measured.append(figures(nodes, measure(nodes, log)))
+        print(json.dumps(measured[-1]), flush=True)
+        write_rows(args.out, rows_of(measured))
+        args.out.with_suffix(".sizes.json").write_text(json.dumps(measured, indent=2) + "\n")
+    for row in rows_of(measured):
+        print(f"{row['name']}: {row['value']} {row['unit']}")
+
+
+if __name__ == "__main__":
+    main()
