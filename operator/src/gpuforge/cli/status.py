@@ -1,8 +1,10 @@
-"""`gpuforge status` (per-node table of GPU stacks and upgrade states) and `gpuforge plan` (what the upgrade
-engine would do next, in order, without doing it).
+"""`gpuforge status` (GPU stacks and upgrade states, summed up by pool, or per node with --nodes) and
+`gpuforge plan` (what the upgrade engine would do next, by pool, or each step in order with --nodes,
+without doing it).
 
-Both read the cluster once through gpuforge.k8s, build the planner's snapshot with
-`gpuforge.upgrade.convert`, and print. The row and step builders are pure, so they are unit-tested.
+Both read the cluster once through gpuforge.k8s (lists in pages, pods chosen by server-side selectors),
+build the planner's snapshot with `gpuforge.upgrade.convert`, and print. The row, summary and step builders
+are pure, so they are unit-tested; summaries keep a table short on thousands of nodes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpuforge.constants import DRA_DRIVER_GPU, GFD_PRODUCT_LABEL, SIM_POOL_LABEL, STACK_LABEL
+from gpuforge.constants import COMPONENT_LABEL, DRA_DRIVER_GPU, GFD_PRODUCT_LABEL, SIM_POOL_LABEL, STACK_LABEL
 from gpuforge.upgrade import plan as make_plan
 from gpuforge.upgrade.model import (
     FAILURE_ANNOTATION,
@@ -90,6 +92,55 @@ def status_rows(snapshot: Snapshot) -> list[dict[str, Any]]:
     return rows
 
 
+def _counted(values: Sequence[str]) -> dict[str, int]:
+    """How many times each value occurs, most frequent first (ties by value)."""
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def pool_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`status_rows` summed up by pool (in pool order): how many nodes, in which mode, at which version
+    and upgrade state, how many not ready, cordoned or failed; the failed nodes by name."""
+    pools: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        pools.setdefault(row["pool"], []).append(row)
+    return [
+        {
+            "pool": pool,
+            "nodes": len(members),
+            "modes": _counted([r["mode"] for r in members]),
+            "versions": _counted([r["version"] for r in members]),
+            "states": _counted([r["state"] for r in members]),
+            "notReady": sum(1 for r in members if not r["ready"]),
+            "cordoned": sum(1 for r in members if r["cordoned"]),
+            "failed": sorted(r["node"] for r in members if r["failure"]),
+        }
+        for pool, members in sorted(pools.items())
+    ]
+
+
+def step_summary(steps: Sequence[Mapping[str, Any]], pool_of: Mapping[str, str]) -> list[dict[str, Any]]:
+    """`plan_steps` summed up by pool and move (from -> to), in the order of each group's first step: how
+    many nodes and the first of them."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for step in steps:
+        key = (pool_of.get(step["node"], ""), step["from"], step["to"])
+        groups.setdefault(key, []).append(step["node"])
+    return [
+        {"pool": pool, "from": origin, "to": to, "nodes": len(names), "first": names[:3]}
+        for (pool, origin, to), names in groups.items()
+    ]
+
+
+def names_in_short(names: Sequence[str], shown: int = 5) -> str:
+    """A list of node names for a line of text: the first `shown`, then how many more."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
 def plan_steps(result: Plan) -> list[dict[str, Any]]:
     """The plan as ordered, printable steps."""
     steps = []
@@ -156,10 +207,12 @@ class NotInstalled(click.ClickException):
 
 
 def _read(
-    kubeconfig: str | None, stack_name: str | None
+    kubeconfig: str | None, stack_name: str | None, operand_pods_only: bool = False
 ) -> tuple[Snapshot, Mapping[str, Any] | None, dict[str, str]]:
     """Snapshot of the nodes (of one GpuStack, or all GPU nodes), the GpuStack object, and the nodes
-    another installation serves (node -> why), which the operator leaves alone."""
+    another installation serves (node -> why), which the operator leaves alone. Lists are read in pages;
+    `operand_pods_only`: only the pods gpuforge deploys and NVIDIA plugin pods, chosen by the API server
+    (what `status` shows; a plan needs the workloads too), and no finished pods."""
     from gpuforge.k8s.client import ApiError, Kube, node_facts, plugin_nodes, slices_per_node
     from gpuforge.render.placement import served_elsewhere
     from gpuforge.upgrade.convert import snapshot_from_objects
@@ -180,7 +233,7 @@ def _read(
     if stack is None and len(stacks) == 1:
         stack = stacks[0]
     nodes = list(kube.list_objects("/api/v1/nodes"))
-    pods = list(kube.list_objects("/api/v1/pods"))
+    pods = list(kube.list_objects("/api/v1/pods", pod_query(operand_pods_only)))
     slices: list[Any] = []
     claims: list[Any] = []
     for version in ("v1", "v1beta2", "v1beta1"):
@@ -212,6 +265,14 @@ def _read(
         gpu = [n for n in snapshot.nodes if n.operands or n.state is not None or STACK_LABEL in n.labels]
         snapshot = Snapshot(tuple(gpu), snapshot.now, snapshot.served_resource_versions)
     return snapshot, stack, elsewhere
+
+
+def pod_query(operand_pods_only: bool) -> dict[str, str]:
+    """The server-side selectors of the pods `_read` lists: never finished pods (they hold no device)."""
+    query = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+    if operand_pods_only:
+        query["labelSelector"] = COMPONENT_LABEL
+    return query
 
 
 def _selector(stack: Mapping[str, Any] | None) -> Callable[[Mapping[str, str]], bool]:
@@ -247,16 +308,25 @@ def desired_from_stack(stack: Mapping[str, Any], selected: Sequence[str]) -> Des
 # --- commands ------------------------------------------------------------------------------------------
 
 
+_nodes_option = click.option(
+    "--nodes", "per_node", is_flag=True, help="One row per node instead of a summary per pool."
+)
+
+
 @click.command()
 @click.option("--stack", "stack_name", help="Only the nodes of this GpuStack.")
+@_nodes_option
 @_output_option
 @_kubeconfig_option
-def status(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
-    """Per-node table: pool, mode, version, upgrade state and since when."""
-    snapshot, _, _ = _read(kubeconfig, stack_name)
+def status(stack_name: str | None, per_node: bool, output: str, kubeconfig: str | None) -> None:
+    """GPU nodes by pool: mode, version, upgrade state; --nodes for one row per node."""
+    snapshot, _, _ = _read(kubeconfig, stack_name, operand_pods_only=True)
     rows = status_rows(snapshot)
     if output != "table":
-        _emit(rows, output)
+        _emit(rows if per_node else {"pools": pool_summary(rows), "nodes": rows}, output)
+        return
+    if not per_node:
+        _print_pool_summary(rows)
         return
     table = Table(title=f"GPU nodes ({len(rows)})", header_style="bold")
     for column in ("node", "pool", "mode", "version", "state", "since", "failure"):
@@ -277,12 +347,36 @@ def status(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     Console().print(table)
 
 
+def _print_pool_summary(rows: Sequence[Mapping[str, Any]]) -> None:
+    def shown(counts: Mapping[str, int]) -> str:
+        return ", ".join(f"{value} {count}" for value, count in counts.items())
+
+    table = Table(title=f"GPU nodes ({len(rows)}) by pool; --nodes for each node", header_style="bold")
+    for column in ("pool", "nodes", "mode", "version", "state", "not ready", "cordoned", "failed"):
+        table.add_column(column, overflow="fold")
+    for pool in pool_summary(rows):
+        table.add_row(
+            pool["pool"] or "-",
+            str(pool["nodes"]),
+            shown(pool["modes"]),
+            shown(pool["versions"]),
+            shown(pool["states"]),
+            str(pool["notReady"]),
+            str(pool["cordoned"]),
+            names_in_short(pool["failed"]) or "0",
+        )
+    Console().print(table)
+
+
 @click.command()
 @click.option("--stack", "stack_name", help="The GpuStack to plan for (default: the only one).")
+@click.option(
+    "--nodes", "per_node", is_flag=True, help="Each step and every node named, not a summary by pool."
+)
 @_output_option
 @_kubeconfig_option
-def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
-    """What the upgrade engine would do next, in order, without doing it."""
+def plan(stack_name: str | None, per_node: bool, output: str, kubeconfig: str | None) -> None:
+    """What the upgrade engine would do next, by pool; --nodes for each step in order."""
     from gpuforge.upgrade.convert import PolicyError, policy_from_spec
 
     snapshot, stack, elsewhere = _read(kubeconfig, stack_name)
@@ -306,19 +400,41 @@ def plan(stack_name: str | None, output: str, kubeconfig: str | None) -> None:
     if output != "table":
         _emit(report, output)
         return
+    names: Callable[[Sequence[str]], str] = (lambda n: ", ".join(n)) if per_node else names_in_short
     console = Console()
     console.print(f"[bold]Target[/] {report['target']}")
     for warning in report["forwardOnly"]:  # before the steps: it must be read before the move starts
-        nodes = ", ".join(warning["nodes"])
-        console.print(f"[bold yellow]forward-only[/] {warning['message']} (nodes {nodes})", highlight=False)
+        console.print(
+            f"[bold yellow]forward-only[/] {warning['message']} (nodes {names(warning['nodes'])})",
+            highlight=False,
+        )
     if not report["steps"]:
         console.print("nothing to do now")
-    for index, step in enumerate(report["steps"], 1):
-        console.print(f"{index:>3}. [bold]{step['node']}[/] {step['from']} → {step['to']}: {step['why']}")
-        for action in step["actions"]:
-            console.print(f"       • {action}", highlight=False)
+    elif per_node:
+        for index, step in enumerate(report["steps"], 1):
+            console.print(f"{index:>3}. [bold]{step['node']}[/] {step['from']} → {step['to']}: {step['why']}")
+            for action in step["actions"]:
+                console.print(f"       • {action}", highlight=False)
+    else:
+        pool_of = {
+            n.name: n.labels.get(SIM_POOL_LABEL) or n.labels.get(GFD_PRODUCT_LABEL, "")
+            for n in snapshot.nodes
+        }
+        table = Table(
+            title=f"Next steps ({len(report['steps'])}) by pool; --nodes for each", header_style="bold"
+        )
+        for column in ("pool", "move", "nodes", "first"):
+            table.add_column(column, overflow="fold")
+        for group in step_summary(report["steps"], pool_of):
+            table.add_row(
+                group["pool"] or "-",
+                f"{group['from']} → {group['to']}",
+                str(group["nodes"]),
+                ", ".join(group["first"]),
+            )
+        console.print(table)
     for hold in report["holds"]:
-        console.print(f"[yellow]waiting[/] {hold['reason']}: {hold['message']} ({', '.join(hold['nodes'])})")
+        console.print(f"[yellow]waiting[/] {hold['reason']}: {hold['message']} ({names(hold['nodes'])})")
     for refusal in report["refusals"]:
         console.print(f"[red]refused[/] {refusal['reason']}: {refusal['message']}")
     for node in report["servedElsewhere"]:
