@@ -24,7 +24,7 @@ LAB_COMMANDS = frozenset({"dev", "demo"})
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "operator": ("gpuforge.cli.operator", "operator", "Run the GpuStack operator."),
     "webhook": ("gpuforge.cli.webhook", "webhook", "Run the GpuQuota admission webhook."),
-    "status": ("gpuforge.cli.status", "status", "Per-node table of GPU stacks and upgrade states."),
+    "status": ("gpuforge.cli.status", "status", "GPU stacks and upgrade states by pool (--nodes: per node)."),
     "plan": ("gpuforge.cli.status", "plan", "What an upgrade or migration would do next."),
     "quota": ("gpuforge.cli.quota", "quota", "Inspect GpuQuota trees."),
 }

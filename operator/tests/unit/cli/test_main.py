@@ -34,7 +34,7 @@ def test_installed_lab_adds_dev_and_demo() -> None:
         ([("extra", f"{__name__}:added")], ["extra"], 0, "added ran"),
         ([("extra", f"{__name__}:added")], ["--help"], 0, "Added by another distribution."),
         # The runtime's own names stay its own.
-        ([("status", f"{__name__}:added")], ["status", "--help"], 0, "Per-node table"),
+        ([("status", f"{__name__}:added")], ["status", "--help"], 0, "GPU nodes by pool"),
         ([("extra", "gpuforge.nowhere:command")], ["--help"], 0, "extra     (cannot be loaded"),
         ([("extra", "gpuforge:__version__")], ["extra"], 1, "is not a click command"),
         ([], ["extra"], 2, "No such command 'extra'"),
