@@ -18,7 +18,8 @@ peak, 0 double advertisement.
 Each size's figures are written to the --out file as soon as it is measured (a later size that fails
 leaves the earlier ones).
 
-Usage: python bench/bench_scale.py --out bench/results/scale.json [--sizes 500,1000,2000,5000]
+Usage: python bench/bench_scale.py --out bench/results/scale.json [--sizes 500,1000,2000,5000] [--add]
+(--add: measure some sizes now and keep the others from an earlier run, e.g. the largest one alone)
 """
 
 from __future__ import annotations
@@ -155,13 +156,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", default="500,1000,2000,5000", help="node counts, comma-separated")
     parser.add_argument("--logs", type=Path, help="keep each size's operator log in this directory")
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the sizes measured before (<out>.sizes.json) that this run does not measure again",
+    )
     args = parser.parse_args()
-    measured: list[dict[str, float]] = []
-    for nodes in (int(size) for size in args.sizes.split(",")):
+    sizes = [int(size) for size in args.sizes.split(",")]
+    earlier = args.out.with_suffix(".sizes.json")
+    measured: list[dict[str, float]] = (
+        [m for m in json.loads(earlier.read_text()) if m["nodes"] not in sizes]
+        if args.add and earlier.exists()
+        else []
+    )
+    for nodes in sizes:
         print(f"--- {nodes} nodes (load {os.getloadavg()[0]:.1f})", flush=True)
         log = args.logs / f"operator-{nodes}.log" if args.logs else None
         measured.append(figures(nodes, measure(nodes, log)))
         print(json.dumps(measured[-1]), flush=True)
+        measured.sort(key=lambda m: m["nodes"])
         write_rows(args.out, rows_of(measured))
         args.out.with_suffix(".sizes.json").write_text(json.dumps(measured, indent=2) + "\n")
     for row in rows_of(measured):
