@@ -157,6 +157,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="500,1000,2000,5000", help="node counts, comma-separated")
     parser.add_argument("--logs", type=Path, help="keep each size's operator log in this directory")
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --logs: sample the operator's CPU with py-spy during each migration (a dev dependency)",
+    )
+    parser.add_argument(
         "--add",
         action="store_true",
         help="keep the sizes measured before (<out>.sizes.json) that this run does not measure again",
@@ -172,7 +177,8 @@ def main() -> None:
     for nodes in sizes:
         print(f"--- {nodes} nodes (load {os.getloadavg()[0]:.1f})", flush=True)
         log = args.logs / f"operator-{nodes}.log" if args.logs else None
-        measured.append(figures(nodes, measure(nodes, log)))
+        profile = args.logs / f"operator-{nodes}.pyspy" if args.logs and args.profile else None
+        measured.append(figures(nodes, measure(nodes, log, profile)))
         print(json.dumps(measured[-1]), flush=True)
         measured.sort(key=lambda m: m["nodes"])
         write_rows(args.out, rows_of(measured))
