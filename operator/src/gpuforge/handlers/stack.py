@@ -28,6 +28,7 @@ from gpuforge.api.convert import to_dict
 from gpuforge.api.gpustack import PLURAL
 from gpuforge.constants import FINALIZER, GROUP, VERSION
 from gpuforge.handlers import metrics
+from gpuforge.handlers.pacing import in_flight_interval
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
 from gpuforge.k8s.memory import StackMemory
@@ -40,9 +41,6 @@ IDLE_RESYNC = 30.0  # level-based resync of a settled stack (drift, served API v
 ERROR_INTERVAL = 5.0
 DEBOUNCE = 0.2  # after a change, wait this long for the rest of its burst (a batch of 100 node updates)
 QUICK_DEBOUNCE = 0.005  # while nodes are in flight: a node's change is acted on this soon, for that node
-# While nodes are in flight, whole passes come this often (quick steps move the nodes in between): they
-# refresh the status and the operands, catch timers and anything else.
-WHOLE_PASS_EVERY = 5.0
 SYNC_TIMEOUT = 30.0  # the first pass waits this long for the cache, then lists whatever is not synced
 
 
@@ -234,7 +232,8 @@ async def _quick_lane(name: str, stepper: Stepper, wake: Wake, stopped: kopf.Dae
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30)
 async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     """Whole passes on changes (debounced), on spec changes at once, and on timers; while nodes are in
-    flight, every WHOLE_PASS_EVERY seconds, with quick steps on each node's change in a lane of their own."""
+    flight, every WHOLE_PASS_EVERY seconds or more (`in_flight_interval`), with quick steps on each node's
+    change in a lane of their own."""
     kube: Kube = memo["kube"]
     cache: ClusterCache | None = memo.get("cache")
     memory = _memory(memo)
@@ -268,9 +267,11 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
             since, _whole = wake.take_pass()
             if woken and since is not None:  # how long the change that woke this pass waited for it
                 metrics.WAKE_DELAY_SECONDS.labels(name).observe(time.monotonic() - max(since, last_end))
+            started = time.monotonic()
             try:
                 outcome = await asyncio.to_thread(_pass, kube, name, memory, cache, since, stepper)
-                interval = IDLE_RESYNC if outcome is None or outcome.settled else WHOLE_PASS_EVERY
+                settled = outcome is None or outcome.settled
+                interval = IDLE_RESYNC if settled else in_flight_interval(time.monotonic() - started)
             except Exception as err:  # any failure: log, back off, try again; the daemon must not die
                 log.exception("reconcile of GpuStack %s failed: %s", name, err)
                 if stepper is not None:

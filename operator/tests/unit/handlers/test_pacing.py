@@ -1,0 +1,25 @@
+"""Whole passes while nodes are in flight: every 5 s, spaced out in proportion to their own length."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuforge.handlers.pacing import PASS_SPACING, WHOLE_PASS_EVERY, in_flight_interval
+
+
+@pytest.mark.parametrize(
+    ("last_pass", "interval"),
+    [
+        (0.0, WHOLE_PASS_EVERY),
+        (0.3, WHOLE_PASS_EVERY),  # a 1,000-node pass: as before
+        (WHOLE_PASS_EVERY / PASS_SPACING, WHOLE_PASS_EVERY),
+        (2.0, 2.0 * PASS_SPACING),  # a 5,000-node pass on a loaded machine
+    ],
+)
+def test_in_flight_interval(last_pass: float, interval: float) -> None:
+    assert in_flight_interval(last_pass) == pytest.approx(interval)
+
+
+def test_whole_passes_stay_a_bounded_share_of_the_time() -> None:
+    for last_pass in (0.1, 1.0, 5.0, 30.0):
+        assert last_pass / (last_pass + in_flight_interval(last_pass)) <= 1 / (1 + PASS_SPACING)
