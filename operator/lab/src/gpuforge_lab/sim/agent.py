@@ -75,6 +75,7 @@ RESOURCE_GROUP = "resource.k8s.io"
 SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
 MANAGED_BY = "gpuforge-sim-agent"
 VERSION_LABEL = "app.kubernetes.io/version"
+LIST_PAGE = 500  # objects per page of a list
 # How often a crash-looping plugin "restarts" (kubelet's back-off reaches minutes; tests need to see it grow).
 CRASH_RESTART_SECONDS = 10.0
 # How long kubelet's device manager keeps a stopped plugin's devices in the node's capacity (as unhealthy,
@@ -429,6 +430,8 @@ class NodeView:
     # of those, the ones whose plugin went within the kubelet's grace period (device_report)
     stopped_resources: dict[str, tuple[int, float]] = field(default_factory=dict)
     advertising_dra: bool = False
+    # no ResourceSlice of ours can be there (removed since the last publish): nothing to delete
+    slice_gone: bool = False
     # plugin pods bound here that nobody has started yet, by uid
     pending_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -488,23 +491,41 @@ class Agent:
 
     @staticmethod
     def _list_raw(func: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
-        """A list as plain JSON (items without managedFields) and its resourceVersion: with thousands of
-        nodes, turning each into a client object and back costs more CPU than the API server's answer."""
-        listing = json.loads(func(_preload_content=False, **kwargs).data)
-        items = [_slim(item) for item in listing.get("items") or []]
-        return items, listing["metadata"]["resourceVersion"]
+        """A list as plain JSON (items without managedFields), in pages of 500, and its resourceVersion:
+        with thousands of nodes, turning each into a client object and back costs more CPU than the API
+        server's answer, and one answer of every node can outlast the server's 60 s request timeout."""
+        items: list[dict[str, Any]] = []
+        token = None
+        resource_version = ""
+        while True:
+            page = json.loads(func(_preload_content=False, limit=LIST_PAGE, _continue=token, **kwargs).data)
+            items.extend(_slim(item) for item in page.get("items") or [])
+            if token is None:  # every page is of the first page's snapshot
+                resource_version = page["metadata"]["resourceVersion"]
+            token = page["metadata"].get("continue")
+            if not token:
+                return items, resource_version
 
-    def _watch_raw(self, func: Any, resource_version: str, **kwargs: Any) -> Any:
-        """(type, object) of a watch from `resource_version`, objects as plain JSON without managedFields."""
+    def _watch_raw(self, func: Any, position: list[str], **kwargs: Any) -> Any:
+        """(type, object) of a watch from the resourceVersion in `position`, objects as plain JSON without
+        managedFields. `position` follows the events and bookmarks, so when the server ends the watch
+        (its timeout) the caller goes on from there instead of listing everything again."""
 
         def unannotated(**call: Any) -> Any:  # no return type: the watch yields plain dicts
             return func(**call)
 
         for event in self._watch().stream(
-            unannotated, resource_version=resource_version, timeout_seconds=300, **kwargs
+            unannotated,
+            resource_version=position[0],
+            timeout_seconds=300,
+            allow_watch_bookmarks=True,
+            **kwargs,
         ):
             if event["type"] == "ERROR":
                 raise RuntimeError(f"watch error: {event['object']}")
+            version = (event["object"].get("metadata") or {}).get("resourceVersion")
+            if version:
+                position[0] = version
             if event["type"] != "BOOKMARK":
                 yield event["type"], _slim(event["object"])
 
@@ -527,14 +548,17 @@ class Agent:
                 for name in list(self.nodes):
                     self.work.put(name)
                 self._node_synced.set()
-                for kind, node in self._watch_raw(self.core.list_node, resource_version):
-                    name = node["metadata"]["name"]
-                    with self.lock:
-                        view = self.nodes.setdefault(name, NodeView())
-                        first = view.obj is None
-                        view.obj = None if kind == "DELETED" else node
-                    if first or kind == "DELETED":
-                        self.work.put(name)
+                position = [resource_version]
+                while True:  # each watch ends after its timeout: go on from where it ended
+                    for kind, node in self._watch_raw(self.core.list_node, position):
+                        name = node["metadata"]["name"]
+                        with self.lock:
+                            # a node registered since the list has no slice yet (slices die with it)
+                            view = self.nodes.setdefault(name, NodeView(slice_gone=kind == "ADDED"))
+                            first = view.obj is None
+                            view.obj = None if kind == "DELETED" else node
+                        if first or kind == "DELETED":
+                            self.work.put(name)
             except Exception as error:  # watches end and fail; start over from a fresh list
                 log.info("node watch restarts: %s", error)
                 time.sleep(1)
@@ -562,10 +586,12 @@ class Agent:
                 for name in list(self.nodes):
                     self.work.put(name)
                 self._pod_synced.set()
-                for kind, pod in self._watch_raw(
-                    self.core.list_pod_for_all_namespaces, resource_version, label_selector=selector
-                ):
-                    self._on_pod(pod, deleted=kind == "DELETED")
+                position = [resource_version]
+                while True:  # each watch ends after its timeout: go on from where it ended
+                    for kind, pod in self._watch_raw(
+                        self.core.list_pod_for_all_namespaces, position, label_selector=selector
+                    ):
+                        self._on_pod(pod, deleted=kind == "DELETED")
             except Exception as error:
                 log.info("pod watch restarts: %s", error)
                 time.sleep(1)
@@ -648,9 +674,10 @@ class Agent:
         self._set_capacity(name, node, report.capacity, report.allocatable)
         if want_dra and self.slice_version is not None:
             self._publish_slice(node, gpu, want_vfio)
-        else:
+        elif not view.slice_gone:  # one DELETE, not one per look at each of thousands of nodes
             self._remove_slices(name)
         with self.lock:
+            view.slice_gone = not want_dra
             view.device_plugin_resources = want_dp
             view.stopped_resources = report.stopped
             view.advertising_dra = want_dra
