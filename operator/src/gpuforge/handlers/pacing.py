@@ -9,8 +9,11 @@ WHOLE_PASS_EVERY = 5.0
 # at least this many times as long as the last took: on thousands of nodes whole passes stay a bounded
 # share of the operator's time, instead of growing with nodes x the migration's length.
 PASS_SPACING = 10.0
+# ... but never longer than this: a pass that applied thousands of labels or operands is long for its
+# writes, not its reads, and the status (nodes ready, in flight) should not go stale for minutes.
+WHOLE_PASS_AT_MOST = 30.0
 
 
 def in_flight_interval(last_pass_seconds: float) -> float:
     """Seconds from the end of a whole pass to the next while nodes are in flight."""
-    return max(WHOLE_PASS_EVERY, PASS_SPACING * last_pass_seconds)
+    return min(WHOLE_PASS_AT_MOST, max(WHOLE_PASS_EVERY, PASS_SPACING * last_pass_seconds))
