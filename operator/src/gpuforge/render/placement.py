@@ -146,7 +146,8 @@ def selects(selector: NodeSelector, labels: Mapping[str, str]) -> bool:
 
 
 def _advertises(node: NodeFacts, mode: Mode) -> bool:
-    return node.gpu_capacity > 0 if mode is Mode.DEVICE_PLUGIN else node.dra_slices > 0
+    # Allocatable, not capacity: capacity outlives a stopped device plugin by kubelet's grace period.
+    return bool(node.gpu_allocatable) if mode is Mode.DEVICE_PLUGIN else node.dra_slices > 0
 
 
 def _claim_wait(node: NodeFacts) -> str | None:

@@ -84,7 +84,7 @@ class NodeState(enum.StrEnum):
     # mode change, every drainable pod when drain is enabled; until none is left or the timeout.
     DRAIN_REQUIRED = "drain-required"
     # Mode (or pinned version) change: the old stack's deploy label is off; waiting until its pod is gone
-    # and the node no longer advertises through it (nvidia.com/gpu capacity 0, no ResourceSlices).
+    # and the node no longer advertises through it (nvidia.com/gpu allocatable 0, no ResourceSlices).
     WAIT_OLD_GONE = "wait-old-gone"
     # Version upgrade in place: the outdated operand pod was deleted; waiting for the OnDelete DaemonSet to
     # recreate it at the current revision.

@@ -280,8 +280,11 @@ def _release_key(version: str) -> tuple[int, ...]:
 
 
 def advertises(node: GpuNode, mode: Mode, dra_driver: str) -> bool:
+    """Whether the scheduler may place GPU pods on `node` through `mode`. For the device plugin that is
+    allocatable: kubelet keeps a stopped plugin's devices in capacity for five minutes
+    (`endpointStopGracePeriod`, pkg/kubelet/cm/devicemanager) but drops them from allocatable at once."""
     if mode is Mode.DEVICE_PLUGIN:
-        return node.gpu_capacity > 0 or node.gpu_allocatable > 0
+        return node.gpu_allocatable > 0
     return node.dra_slices(dra_driver) > 0 or node.dra_devices(dra_driver) > 0
 
 

@@ -88,7 +88,13 @@ def node(
     claims: int | None = None,
 ) -> NodeFacts:
     return NodeFacts(
-        name, {**GPU, **(labels or {})}, kubelet, gpu_capacity=gpu, dra_slices=slices, claim_pods=claims
+        name,
+        {**GPU, **(labels or {})},
+        kubelet,
+        gpu_capacity=gpu,
+        gpu_allocatable={"nvidia.com/gpu": gpu} if gpu else {},
+        dra_slices=slices,
+        claim_pods=claims,
     )
 
 
@@ -157,6 +163,12 @@ def test_fresh_nodes_are_labelled_and_others_left_alone() -> None:
     assert all(s.labels == {} and s.state is NodeState.PENDING for s in placement.steps)
     assert placement.planned == frozenset({"g1", "g2"})  # the upgrade engine labels them
     assert placement.problems == () and placement.releases == ()
+
+
+def test_a_stopped_plugins_lingering_capacity_is_not_an_advertisement() -> None:
+    # kubelet keeps a stopped device plugin's devices in capacity for five minutes, allocatable 0
+    lingering = dataclasses.replace(node("g1", labels={**MINE, DRA_LABEL: "true"}, slices=1), gpu_capacity=8)
+    assert observe(lingering, Mode.DRA, True).state is NodeState.READY
 
 
 def test_ready_needs_the_stacks_own_plugin_pod() -> None:

@@ -433,7 +433,7 @@ def _replace(n: GpuNode, **changes: object) -> GpuNode:
     ("case", "kwargs", "waits_for"),
     [
         ("old pod still there", {"operand_deleting": True}, "pod"),
-        ("old pod gone, capacity not yet 0", {"operand": False}, "advertising"),
+        ("old pod gone, allocatable not yet 0", {"operand": False}, "advertising"),
     ],
 )
 def test_new_stack_waits_until_the_old_one_is_gone(
@@ -447,6 +447,13 @@ def test_new_stack_starts_once_the_old_is_gone() -> None:
     t = only(step(switching(operand=False, advertising=False)))
     assert t.to_state is S.VALIDATION_REQUIRED
     assert labels_of(t)[DEPLOY_DRA_KUBELET_PLUGIN_LABEL] == "true"
+
+
+def test_a_stopped_plugins_capacity_kept_by_kubelet_does_not_hold_the_switch() -> None:
+    # kubelet keeps the devices of a plugin that went away in capacity for five minutes, allocatable 0
+    lingering = _replace(switching(operand=False, advertising=False), gpu_capacity=8)
+    t = only(step(lingering))
+    assert t.to_state is S.VALIDATION_REQUIRED
 
 
 def test_gpu_pod_that_slipped_in_is_evicted_before_the_new_stack_starts() -> None:

@@ -45,8 +45,9 @@ STAGES_FILE = PACKAGE_DIR / "kwok-stages.yaml"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 # The simulated agent keeps a stopped device plugin's devices in capacity this long by default: kubelet's
-# five minutes (gpuforge_lab.sim.agent.KUBELET_PLUGIN_STOP_GRACE_SECONDS) scaled down, so tests, benchmarks
-# and the demo see the same sequence without waiting it out (`up(plugin_stop_grace=...)` changes it).
+# five minutes (gpuforge_lab.sim.agent.KUBELET_PLUGIN_STOP_GRACE_SECONDS) scaled down, so a cluster's
+# capacity settles soon after a switch (`up(plugin_stop_grace=...)` changes it). No switch waits for it:
+# the upgrade engine reads allocatable, which drops at once, as it must on a real kubelet.
 SIM_PLUGIN_STOP_GRACE_SECONDS = 5.0
 # Order matters: started in this order, stopped in reverse.
 COMPONENTS = (
