@@ -46,7 +46,7 @@ def test_the_api_server_checks_the_refill_schedule(quotas: Quotas) -> None:
     weekly = {"period": "168h", "anchor": "2026-11-23T00:00:00Z"}
     assert quotas.patch("short", {"spec": {"refill": weekly}})["spec"]["refill"] == weekly
     # The controller records the week the spending counts in: the anchor plus whole weeks (of 168 s:
-    # the session's webhook runs 3600 times fast).
+    # the suite's shared webhook runs 3600 times fast).
     wait_for("the period to be recorded", lambda: bool(_status(quotas, "short").get("lastRefillTime")))
     start = datetime.fromisoformat(_status(quotas, "short")["lastRefillTime"].replace("Z", "+00:00"))
     anchor = datetime.fromisoformat("2026-11-23T00:00:00+00:00")
@@ -125,7 +125,7 @@ def test_a_cronjobs_jobs_are_refused_once_the_budget_is_spent_and_admitted_after
 
 @pytest.fixture
 def slow_passes(quota_webhook: WebhookProcess, dev_cluster: Any, tmp_path: Path) -> Iterator[WebhookProcess]:
-    """The session's webhook swapped for one that accrues and resyncs only every 120 s: a pass comes only
+    """The suite's shared webhook swapped for one that accrues and resyncs only every 120 s: a pass comes only
     on events, so what a pod that ran between two passes is charged comes from the pod journal alone."""
     quota_webhook.stop()
     webhook = WebhookProcess(
