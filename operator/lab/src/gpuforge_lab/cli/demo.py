@@ -45,6 +45,7 @@ from gpuforge_lab.devcluster.cluster import DevCluster, free_ports
 from gpuforge_lab.devcluster.pools import GpuSpec, Pool, Taint
 from gpuforge_lab.devcluster.realnodes import (
     DEVICE_PLUGIN_REPOSITORY,
+    DRA_PLUGIN_REPOSITORY,
     REAL_NODE_LABEL,
     can_boot_hosts,
     program_image_ref,
@@ -173,7 +174,7 @@ class Demo:
             "GPU",
             "kubelet",
             "stack",
-            "nvidia.com/gpu",
+            "nvidia.com/gpu allocatable",
             "DRA devices",
             "state",
             "cordoned",
@@ -183,9 +184,8 @@ class Demo:
             labels = node["metadata"].get("labels", {})
             if "nvidia.com/gpu.present" not in labels:
                 continue
-            name = node["metadata"]["name"]
-            if labels.get(REAL_NODE_LABEL) == "true":
-                name += " (real)"
+            node_name = node["metadata"]["name"]
+            name = f"{node_name} (real)" if labels.get(REAL_NODE_LABEL) == "true" else node_name
             stack = (
                 "device plugin"
                 if labels.get(DEPLOY_DEVICE_PLUGIN_LABEL) == "true"
@@ -199,8 +199,9 @@ class Demo:
                 labels.get("nvidia.com/gpu.product", "").removeprefix("NVIDIA-"),
                 node["status"]["nodeInfo"]["kubeletVersion"],
                 stack,
-                (node["status"].get("capacity") or {}).get(GPU_RESOURCE, "-"),
-                str(slices.get(name, "-")),
+                # allocatable: what the scheduler can place (a stopped plugin's GPUs stay in capacity)
+                (node["status"].get("allocatable") or {}).get(GPU_RESOURCE, "-"),
+                str(slices.get(node_name, "-")),
                 labels.get(NODE_STATE_LABEL, "-"),
                 "yes" if node["spec"].get("unschedulable") else "",
             )
@@ -332,12 +333,13 @@ class Demo:
             ]),
         ]  # fmt: skip
         if real:
-            # No DRA kubelet plugin runs on real nodes yet: this one stays on the device plugin.
+            # The operator's own DaemonSets on the real node, only the images replaced by the pretend plugins.
             real_stack = _stack("training-real", "devicePlugin", [
                 {"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]},
                 {"key": REAL_NODE_LABEL, "operator": "Exists"},
             ])  # fmt: skip
             real_stack["spec"]["devicePlugin"]["image"] = DEVICE_PLUGIN_REPOSITORY
+            real_stack["spec"]["dra"]["image"] = DRA_PLUGIN_REPOSITORY
             stacks.append(real_stack)
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(stacks))
         console.print("$ kubectl apply -f gpustacks.yaml   (training: H100 pool, shared: A100 + L4)")
@@ -464,15 +466,17 @@ class Demo:
             "starts and publishes ResourceSlices, and the node is uncordoned; one node at a time.\n"
             "The workloads on the other pools keep running throughout.",
         )
-        self.kubectl(
-            "patch", "gpustack", "training", "--type", "merge", "-p", json.dumps({"spec": {"mode": "dra"}})
-        )
+        stacks = ["training", *(["training-real"] if self.cluster.real_node_names() else [])]
+        for name in stacks:
+            self.kubectl(
+                "patch", "gpustack", name, "--type", "merge", "-p", json.dumps({"spec": {"mode": "dra"}})
+            )
         deadline = time.monotonic() + 300
         with Live(self.node_table("migrating"), console=console, refresh_per_second=2) as live:
             while True:
                 self.check_processes()
                 live.update(self.node_table("migrating the H100 pool to DRA"))
-                if self.h100_on_dra() and self.stacks_ready(["training"]):
+                if self.h100_on_dra() and self.real_on_dra() and self.stacks_ready(stacks):
                     break
                 if time.monotonic() > deadline:
                     raise DemoError("the migration did not finish within 5 minutes; see `gpuforge status`")
@@ -485,10 +489,29 @@ class Demo:
         console.print(
             "[green]H100 pool on DRA; no node ever advertised through both stacks; serving kept running.[/]"
         )
-        for name in self.cluster.real_node_names():
-            console.print(
-                f"{name} (real) stays on the device plugin: no DRA kubelet plugin runs on real nodes yet."
-            )
+        real = set(self.cluster.real_node_names())
+        for node in self.nodes():
+            name = node["metadata"]["name"]
+            if name in real:
+                capacity = (node["status"].get("capacity") or {}).get(GPU_RESOURCE, "0")
+                console.print(
+                    f"{name} (real) is on DRA too, through its real kubelet. The kubelet still counts the "
+                    f"device plugin's {capacity} GPUs in capacity (allocatable 0) for its five-minute grace "
+                    "period; the switch did not wait for it."
+                )
+
+    def real_on_dra(self) -> bool:
+        """Every real H100 node publishes ResourceSlices, offers no nvidia.com/gpu and is uncordoned."""
+        slices = self.slices_by_node()
+        real = set(self.cluster.real_node_names())
+        for node in self.nodes():
+            name = node["metadata"]["name"]
+            if name not in real:
+                continue
+            allocatable = int((node["status"].get("allocatable") or {}).get(GPU_RESOURCE, "0"))
+            if allocatable != 0 or slices.get(name, 0) == 0 or node["spec"].get("unschedulable"):
+                return False
+        return True
 
     def h100_on_dra(self) -> bool:
         slices = self.slices_by_node()
