@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -349,15 +350,28 @@ def status(stack_name: str | None, per_node: bool, output: str, kubeconfig: str 
 
 def _print_pool_summary(rows: Sequence[Mapping[str, Any]]) -> None:
     def shown(counts: Mapping[str, int]) -> str:
-        return ", ".join(f"{value} {count}" for value, count in counts.items())
+        # A pool that is all one value shows just it; a mixed one, a line per value with its count.
+        if len(counts) == 1:
+            return next(iter(counts))
+        return "\n".join(f"{value} {count}" for value, count in counts.items())
 
-    table = Table(title=f"GPU nodes ({len(rows)}) by pool; --nodes for each node", header_style="bold")
-    for column in ("pool", "nodes", "mode", "version", "state", "not ready", "cordoned", "failed"):
-        table.add_column(column, overflow="fold")
+    # Fits 80 columns: a simple rule under the header, the node count beside the pool's name, and the
+    # counts' headers on two lines; only the failed nodes' names fold.
+    table = Table(
+        title=f"GPU nodes ({len(rows)}) by pool; --nodes for each node",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for column in ("pool (nodes)", "mode", "version", "state"):
+        table.add_column(column, no_wrap=True)
+    for column in ("not\nready", "cor-\ndoned"):
+        table.add_column(column, justify="right", min_width=5)
+    table.add_column("failed", overflow="fold")
     for pool in pool_summary(rows):
         table.add_row(
-            pool["pool"] or "-",
-            str(pool["nodes"]),
+            f"{pool['pool'] or '-'} ({pool['nodes']})",
             shown(pool["modes"]),
             shown(pool["versions"]),
             shown(pool["states"]),
