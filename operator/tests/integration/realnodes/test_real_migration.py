@@ -10,11 +10,13 @@ stacks, as the kubelet reports them, at any sampled moment.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from gpuforge.constants import NODE_STATE_LABEL
 from gpuforge_lab.devcluster import realnodes
 from gpuforge_lab.devcluster.cluster import DevCluster
 from gpuforge_lab.devcluster.pools import GpuSpec, Pool
@@ -116,3 +118,27 @@ def test_a_real_node_switches_to_dra_and_back_without_serving_through_both(
     assert on_dra[1] in (None, "0"), on_dra
     node = kube_json(cluster, "node", NODE)
     assert not node["spec"].get("unschedulable"), "the node was left cordoned"
+
+
+def test_a_kubelet_restarted_mid_switch_leaves_the_node_serving(
+    cluster: DevCluster, operator: Operator
+) -> None:
+    """The kubelet restarts while the node waits for the device plugin to go: plugins register again,
+    the switch completes, and no moment offers GPUs through both stacks."""
+    wait_for("the device plugin serving the real node", lambda: settled(cluster, "devicePlugin"),
+             timeout=300, describe=lambda: describe(cluster, operator))  # fmt: skip
+
+    def mid_switch() -> str | None:
+        state = kube_json(cluster, "node", NODE)["metadata"].get("labels", {}).get(NODE_STATE_LABEL)
+        return state if state in ("wait-old-gone", "validation-required") else None
+
+    with Sampler(cluster, {NODE}, 1, interval=0.2) as sampler:
+        merge_patch_stack(cluster, STACK, {"spec": {"mode": "dra"}})
+        wait_for("the real node mid-switch", mid_switch, timeout=300,
+                 describe=lambda: describe(cluster, operator))  # fmt: skip
+        host = realnodes.container_name(cluster.name, NODE)
+        subprocess.run(["podman", "exec", host, "systemctl", "restart", "kubelet"], check=True)
+        wait_for("the real node on DRA after the kubelet restart", lambda: settled(cluster, "dra"),
+                 timeout=300, describe=lambda: describe(cluster, operator))  # fmt: skip
+    sampler.assert_kept()
+    assert not kube_json(cluster, "node", NODE)["spec"].get("unschedulable"), "the node was left cordoned"
