@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,13 @@ def test_node_programs_have_a_key_of_their_own() -> None:
     assert not any(path.is_relative_to(build.GOMOD_DIR / build.NODE_GOMOD) for path in control_plane_files)
     assert any(path.name == "main.go" and "pause" in str(path) for path in node_files)
     assert build.node_build_key(versions).startswith(f"kubelet-{versions.kubernetes}_")
+
+
+@pytest.mark.parametrize(("before", "after", "raised"), [("128\n", "512", 128), ("1024\n", "1024", None)])
+def test_the_inotify_instance_limit_is_raised_only_when_lower(
+    tmp_path: Path, before: str, after: str, raised: int | None
+) -> None:
+    limit = tmp_path / "max_user_instances"
+    limit.write_text(before)
+    assert realnodes.raise_inotify_limit(limit, 512) == raised
+    assert limit.read_text().strip() == after

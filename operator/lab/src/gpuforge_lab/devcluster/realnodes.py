@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -70,6 +71,9 @@ IMAGE_ENV = {"gpu-device-plugin": {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIV
 BOOT_TIMEOUT_SECONDS = 300.0
 
 
+log = logging.getLogger(__name__)
+
+
 class RealNodeError(RuntimeError):
     pass
 
@@ -110,6 +114,31 @@ def can_boot_hosts() -> str | None:
     if os.geteuid() != 0:
         return "real nodes boot privileged lab hosts: rootful podman (run as root)"
     return None
+
+
+# Every real node is a systemd host running containerd and a kubelet, each holding several inotify
+# instances; with the kernel's default of 128 per user, a few hosts beside the machine's own services
+# exhaust them and containerd fails with "too many open files" (the limit kind documents raising too).
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+MIN_INOTIFY_INSTANCES = 512
+
+
+def raise_inotify_limit(
+    limit_file: Path = INOTIFY_INSTANCES, minimum: int = MIN_INOTIFY_INSTANCES
+) -> int | None:
+    """Raise the machine's inotify instance limit to `minimum` if it is lower (real nodes run as root);
+    the old limit when it was raised, else None."""
+    try:
+        current = int(limit_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if current >= minimum:
+        return None
+    try:
+        limit_file.write_text(f"{minimum}\n")
+    except OSError:
+        return None
+    return current
 
 
 def _image_exists(ref: str) -> bool:
@@ -422,6 +451,13 @@ def start_nodes(
     nodes: list[RealNode],
 ) -> None:
     """Boot the hosts, import the images and start their kubelets (returns once every kubelet runs)."""
+    raised_from = raise_inotify_limit()
+    if raised_from is not None:
+        log.warning(
+            "raised fs.inotify.max_user_instances from %d to %d for the real nodes",
+            raised_from,
+            MIN_INOTIFY_INSTANCES,
+        )
     lab = _lab()
     binaries = build_nodes()
     image = node_image()
