@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import install_crd, operator
+
 from gpuforge_lab.devcluster import realnodes
 from gpuforge_lab.devcluster.build import build_nodes
 from gpuforge_lab.devcluster.cluster import DevCluster
@@ -73,6 +75,64 @@ def node_processes(container: str) -> list[tuple[str, int]]:
     return rows
 
 
+def switch_seconds(cluster: DevCluster, log: Path) -> tuple[float, float, str]:
+    """The operator's GpuStack moves the real node from the device plugin to DRA: seconds from the mode
+    change to the node offering its GPUs through DRA alone and uncordoned, the seconds of that spent with
+    neither stack offering them, and the node's nvidia.com/gpu capacity at the end (the kubelet keeps a
+    stopped plugin's devices in capacity for its grace period; the switch does not wait for it)."""
+    stack = {
+        "apiVersion": "gpuforge.io/v1alpha1",
+        "kind": "GpuStack",
+        "metadata": {"name": "switch"},
+        "spec": {
+            "mode": "devicePlugin",
+            "namespace": "gpuforge-switch",
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": realnodes.REAL_NODE_LABEL, "operator": "Exists"}]}]},
+            "devicePlugin": {"version": "v0.20.0", "image": realnodes.DEVICE_PLUGIN_REPOSITORY},
+            "dra": {"version": "v25.12.0", "image": realnodes.DRA_PLUGIN_REPOSITORY},
+            "upgradePolicy": {"maxUnavailable": 1},
+        },
+    }  # fmt: skip
+
+    def node() -> tuple[str, int, bool, str]:
+        got = json.loads(cluster.kubectl("get", "node", "real-0", "-o", "json").stdout)
+        slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+        mine = sum(1 for item in slices if item["spec"].get("nodeName") == "real-0")
+        status = got["status"]
+        return (
+            (status.get("allocatable") or {}).get("nvidia.com/gpu", "0"),
+            mine,
+            bool(got["spec"].get("unschedulable")),
+            (status.get("capacity") or {}).get("nvidia.com/gpu", "0"),
+        )
+
+    install_crd(cluster)
+    with operator(cluster, log):
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
+        deadline = time.monotonic() + 300
+        while node()[:3] != ("2", 0, False):
+            if time.monotonic() > deadline:
+                raise SystemExit("the device plugin did not serve the real node within 300 s")
+            time.sleep(0.5)
+        patch = json.dumps({"spec": {"mode": "dra"}})
+        started = time.monotonic()
+        cluster.kubectl("patch", "gpustack", "switch", "--type", "merge", "-p", patch)
+        dark = 0.0
+        last = started
+        while True:
+            allocatable, slices, cordoned, capacity = node()
+            now = time.monotonic()
+            if allocatable == "0" and slices == 0:
+                dark += now - last
+            last = now
+            if allocatable == "0" and slices and not cordoned:
+                return now - started, dark, capacity
+            if now - started > 300:
+                raise SystemExit("the real node did not move to DRA within 300 s")
+            time.sleep(0.25)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -127,6 +187,19 @@ def main() -> None:
                     raise SystemExit("the device plugin did not register within 180 s")
                 time.sleep(0.5)
             processes = node_processes(realnodes.container_name(cluster.name, "real-0"))
+            cluster.kubectl("delete", "pod", "-n", "default", "--all", "--wait=false")
+            switch, dark, capacity = switch_seconds(cluster, Path(root) / "operator.log")
+            rows.append(
+                {
+                    "name": "real node device plugin -> DRA switch, mode change to serving through DRA",
+                    "value": round(switch, 1),
+                    "unit": "s",
+                    "target": 30,
+                    "ok": switch < 30,
+                    "note": f"{round(dark, 1)} s of it with neither stack offering GPUs; capacity still "
+                    f"{capacity} at the end (the kubelet's grace, not waited for)",
+                }
+            )
         finally:
             cluster.down()
     stack = [p for p in processes if p[0].startswith(STACK)]
