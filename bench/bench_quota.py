@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
@@ -95,10 +96,11 @@ class Cluster:
         return status, (json.loads(text) if text else None)
 
 
-async def timed_creates(
-    cluster: Cluster, namespace: str, quota_of: Any, count: int, concurrency: int, prefix: str = "d"
+async def timed_posts(
+    cluster: Cluster, path: str, body_of: Callable[[int], dict[str, Any]], count: int, concurrency: int
 ) -> tuple[list[float], int]:
-    """Create `count` Deployments with `concurrency` workers; latencies (s) and how many were admitted."""
+    """POST `body_of(i)` to `path` for i in range(`count`), `concurrency` at a time; latencies (s) and
+    how many were admitted (201)."""
     latencies: list[float] = []
     admitted = 0
     queue = list(range(count))
@@ -108,16 +110,25 @@ async def timed_creates(
         while queue:
             index = queue.pop()
             started = time.perf_counter()
-            status, _ = await cluster.call(
-                "POST",
-                f"/apis/apps/v1/namespaces/{namespace}/deployments",
-                deployment(f"{prefix}{index}", quota_of(index)),
-            )
+            status, _ = await cluster.call("POST", path, body_of(index))
             latencies.append(time.perf_counter() - started)
             admitted += status == 201
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies, admitted
+
+
+async def timed_creates(
+    cluster: Cluster, namespace: str, quota_of: Any, count: int, concurrency: int, prefix: str = "d"
+) -> tuple[list[float], int]:
+    """Create `count` Deployments with `concurrency` workers; latencies (s) and how many were admitted."""
+    return await timed_posts(
+        cluster,
+        f"/apis/apps/v1/namespaces/{namespace}/deployments",
+        lambda index: deployment(f"{prefix}{index}", quota_of(index)),
+        count,
+        concurrency,
+    )
 
 
 async def namespace(cluster: Cluster) -> str:

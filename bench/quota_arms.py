@@ -32,6 +32,7 @@ from bench_quota import (
     replica_metrics,
     result,
     settled,
+    timed_posts,
     wait_gone,
 )
 
@@ -59,23 +60,14 @@ async def race_creates(
     cluster: Cluster, space: str, quota: str, count: int, concurrency: int
 ) -> tuple[list[float], int, float]:
     """`count` Pod creates, `concurrency` at a time: latencies (s), how many were admitted, wall seconds."""
-    latencies: list[float] = []
-    admitted = 0
-    queue = list(range(count))
-
-    async def worker() -> None:
-        nonlocal admitted
-        while queue:
-            index = queue.pop()
-            started = time.perf_counter()
-            status, _ = await cluster.call(
-                "POST", f"/api/v1/namespaces/{space}/pods", race_pod(f"p{index}", quota)
-            )
-            latencies.append(time.perf_counter() - started)
-            admitted += status == 201
-
     began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    latencies, admitted = await timed_posts(
+        cluster,
+        f"/api/v1/namespaces/{space}/pods",
+        lambda index: race_pod(f"p{index}", quota),
+        count,
+        concurrency,
+    )
     return latencies, admitted, time.perf_counter() - began
 
 
