@@ -15,31 +15,20 @@ import pytest
 from gpuforge_lab.devcluster import realnodes
 from gpuforge_lab.devcluster.build import build_nodes
 from gpuforge_lab.devcluster.cluster import DevCluster
-from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
-from ..operator_process import Operator, kube_json, running_operator, wait_for
+from ..operator_process import Operator, kube_json, wait_for
+from .helpers import NODE, one_real_node
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
-NODE = "real-0"
 OPERANDS = "gpuforge-operands"
 DRIVER = "gpu.nvidia.com"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    dev_cluster = DevCluster("realdra-test", root=tmp_path_factory.mktemp("clusters"))
-    try:
-        dev_cluster.up(pools=[Pool("real", 1, GpuSpec(product="NVIDIA L4", count=2), real=True)])
+    with one_real_node("realdra-test", tmp_path_factory) as dev_cluster:
         yield dev_cluster
-    finally:
-        dev_cluster.down()
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as handle:
-        yield handle
 
 
 def _host(cluster: DevCluster) -> str:

@@ -32,6 +32,7 @@ from ..operator_process import (
     stack_status,
     wait_for,
 )
+from .helpers import gpu_status
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
@@ -91,13 +92,6 @@ def stack(version: str = "v0.20.0", **device_plugin: Any) -> str:
             },
         }
     )
-
-
-def gpu_status(cluster: DevCluster, node: str = NODE) -> tuple[str | None, str | None]:
-    """The node's (capacity, allocatable) of nvidia.com/gpu."""
-    status = kube_json(cluster, "node", node)["status"]
-    resource = "nvidia.com/gpu"
-    return (status.get("capacity") or {}).get(resource), (status.get("allocatable") or {}).get(resource)
 
 
 def plugin_pods(cluster: DevCluster) -> list[dict[str, Any]]:

@@ -19,14 +19,13 @@ import pytest
 from gpuforge.constants import NODE_STATE_LABEL
 from gpuforge_lab.devcluster import realnodes
 from gpuforge_lab.devcluster.cluster import DevCluster
-from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
-from ..operator_process import Operator, kube_json, running_operator, stack_status, wait_for
+from ..operator_process import Operator, kube_json, stack_status, wait_for
 from ..upgrade.helpers import Sampler, merge_patch_stack
+from .helpers import NODE, gpu_status, one_real_node
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
-NODE = "real-0"
 STACK = "switching"
 NAMESPACE = "gpuforge-switching"
 DRIVER = "gpu.nvidia.com"
@@ -35,26 +34,8 @@ GPUS = 2
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    dev_cluster = DevCluster("realnode-switch", root=tmp_path_factory.mktemp("clusters"))
-    try:
-        dev_cluster.up(pools=[Pool("real", 1, GpuSpec(product="NVIDIA L4", count=GPUS), real=True)])
+    with one_real_node("realnode-switch", tmp_path_factory) as dev_cluster:
         yield dev_cluster
-    finally:
-        dev_cluster.down()
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as handle:
-        yield handle
-
-
-def gpu_status(cluster: DevCluster) -> tuple[str | None, str | None]:
-    """The node's (capacity, allocatable) of nvidia.com/gpu."""
-    status = kube_json(cluster, "node", NODE)["status"]
-    return (status.get("capacity") or {}).get("nvidia.com/gpu"), (status.get("allocatable") or {}).get(
-        "nvidia.com/gpu"
-    )
 
 
 def slices(cluster: DevCluster) -> int:

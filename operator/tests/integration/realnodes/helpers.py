@@ -1,0 +1,34 @@
+"""What the real-node tests share: a cluster of one real L4 node and the node's GPU figures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from gpuforge_lab.devcluster.cluster import DevCluster
+from gpuforge_lab.devcluster.pools import GpuSpec, Pool
+
+from ..operator_process import kube_json
+
+# The node `one_real_node` boots, as the pool names it.
+NODE = "real-0"
+
+
+@contextmanager
+def one_real_node(name: str, tmp_path_factory: pytest.TempPathFactory, gpus: int = 2) -> Iterator[DevCluster]:
+    """A local control plane with one real kubelet node of `gpus` pretend L4s, removed afterwards."""
+    dev_cluster = DevCluster(name, root=tmp_path_factory.mktemp("clusters"))
+    try:
+        dev_cluster.up(pools=[Pool("real", 1, GpuSpec(product="NVIDIA L4", count=gpus), real=True)])
+        yield dev_cluster
+    finally:
+        dev_cluster.down()
+
+
+def gpu_status(cluster: DevCluster, node: str = NODE) -> tuple[str | None, str | None]:
+    """The node's (capacity, allocatable) of nvidia.com/gpu."""
+    status = kube_json(cluster, "node", node)["status"]
+    resource = "nvidia.com/gpu"
+    return (status.get("capacity") or {}).get(resource), (status.get("allocatable") or {}).get(resource)
