@@ -43,6 +43,19 @@ class PodSet:
 
 
 @dataclass(frozen=True)
+class Finished:
+    """How a kind says its work is over for good (its pods are done or being deleted): a status
+    condition of a type in `conditions` with status "True", or the string at `field` being one of
+    `values`; with `only_if`, only while the boolean at that path is true (a RayJob deletes its
+    RayCluster only with `shutdownAfterJobFinishes`)."""
+
+    conditions: tuple[str, ...] = ()
+    field: str = ""
+    values: tuple[str, ...] = ()
+    only_if: str = ""
+
+
+@dataclass(frozen=True)
 class WorkloadKind:
     group: str  # "" for the core group
     version: str  # the version gpuforge reads and lists
@@ -57,6 +70,8 @@ class WorkloadKind:
     suspend_path: str = ""
     # Extra places where the quota label may be put, besides the object and its pod templates.
     label_paths: tuple[str, ...] = ()
+    # Set, the workload holds nothing once its status says it finished.
+    finished: Finished | None = None
 
     @property
     def api_prefix(self) -> str:
@@ -128,6 +143,7 @@ WORKLOAD_KINDS: Final[tuple[WorkloadKind, ...]] = (
         "jobs",
         (PodSet("pods", "spec.template", _job("spec")),),
         suspend_path="spec.suspend",
+        finished=Finished(conditions=("Complete", "Failed")),
     ),
     # A schedule, not a controller: each Job it makes is charged itself (see `holds_nothing`).
     WorkloadKind(
@@ -157,6 +173,8 @@ WORKLOAD_KINDS: Final[tuple[WorkloadKind, ...]] = (
             ),
         ),
         suspend_path="spec.suspend",
+        # jobset.x-k8s.io/v1alpha2 JobSetConditionType: Completed, Failed.
+        finished=Finished(conditions=("Completed", "Failed")),
     ),
     # LeaderWorkerSet: `replicas` groups of `size` pods, a leader (its own template, else the worker's)
     # and size - 1 workers.
@@ -184,8 +202,20 @@ WORKLOAD_KINDS: Final[tuple[WorkloadKind, ...]] = (
         "ray.io", "v1", "RayCluster", "rayclusters", _ray_cluster("spec"), suspend_path="spec.suspend"
     ),
     # A RayJob makes its RayCluster from rayClusterSpec (none with clusterSelector: an existing one).
+    # Finished when jobDeploymentStatus is Complete or Failed; its RayCluster (charged to it) is deleted
+    # then only with shutdownAfterJobFinishes, else it keeps running and keeps the charge.
     WorkloadKind(
-        "ray.io", "v1", "RayJob", "rayjobs", _ray_cluster("spec.rayClusterSpec"), suspend_path="spec.suspend"
+        "ray.io",
+        "v1",
+        "RayJob",
+        "rayjobs",
+        _ray_cluster("spec.rayClusterSpec"),
+        suspend_path="spec.suspend",
+        finished=Finished(
+            field="status.jobDeploymentStatus",
+            values=("Complete", "Failed"),
+            only_if="spec.shutdownAfterJobFinishes",
+        ),
     ),
     WorkloadKind(
         "kubeflow.org",
@@ -204,6 +234,8 @@ WORKLOAD_KINDS: Final[tuple[WorkloadKind, ...]] = (
         # Its scale subresource sets the Worker replicas (the training operator's CRD says so).
         scale_path="spec.pytorchReplicaSpecs.Worker.replicas",
         suspend_path="spec.runPolicy.suspend",
+        # kubeflow.org/v1 JobConditionType: Succeeded, Failed.
+        finished=Finished(conditions=("Succeeded", "Failed")),
     ),
     WorkloadKind(
         "argoproj.io",

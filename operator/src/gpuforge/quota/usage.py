@@ -526,25 +526,36 @@ def gpu_model_of(obj: Mapping[str, Any], template: PodTemplate | None = None) ->
 
 # Pod phases in which a pod holds nothing any more (ResourceQuota stops counting them too).
 TERMINAL_POD_PHASES: Final = frozenset({"Succeeded", "Failed"})
-# Job conditions that end a Job for good: its pods are done or being deleted.
-FINISHED_JOB_CONDITIONS: Final = frozenset({"Complete", "Failed"})
 
 
-def _finished_job_conditions(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [
-        condition
+def _finished_part(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a workload's status that says it finished for good, by its kind's `finished` rule
+    (gpuforge.api.workloadkinds): the true finishing conditions, or the finishing value of its field.
+    Empty while it runs."""
+    known = workload_kind(obj.get("kind"))
+    finished = known.finished if known is not None else None
+    if finished is None or (finished.only_if and _get(obj, finished.only_if) is not True):
+        return {}
+    conditions = [
+        dict(condition)
         for condition in _get(obj, "status.conditions") or ()
         if isinstance(condition, Mapping)
-        and condition.get("type") in FINISHED_JOB_CONDITIONS
+        and condition.get("type") in finished.conditions
         and condition.get("status") == "True"
     ]
+    if conditions:
+        return {"conditions": conditions}
+    if finished.field and _get(obj, finished.field) in finished.values:
+        return {finished.field.removeprefix("status."): _get(obj, finished.field)}
+    return {}
 
 
 def holds_nothing(obj: Mapping[str, Any]) -> bool:
-    """Work that takes nothing from its quota: a Succeeded or Failed Pod, a Job that completed or
-    failed, a suspended workload (its pods are deleted; resuming it is admitted like a create), a
-    CronJob (a schedule: its Jobs are charged as they are created, so a spent budget refuses the next
-    one)."""
+    """Work that takes nothing from its quota: a Succeeded or Failed Pod, a workload whose status says
+    it finished (a Job Complete or Failed, a JobSet Completed or Failed, a PyTorchJob Succeeded or
+    Failed, a RayJob Complete or Failed that shuts its cluster down), a suspended workload (its pods
+    are deleted; resuming it is admitted like a create), a CronJob (a schedule: its Jobs are charged as
+    they are created, so a spent budget refuses the next one)."""
     kind = obj.get("kind")
     if kind == "CronJob":
         return True
@@ -553,20 +564,14 @@ def holds_nothing(obj: Mapping[str, Any]) -> bool:
     known = workload_kind(kind)
     if known is not None and known.suspend_path and _get(obj, known.suspend_path) is True:
         return True
-    if kind == "Job":
-        return bool(_finished_job_conditions(obj))
-    return False
+    return bool(_finished_part(obj))
 
 
 def finish_status(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a workload's status `holds_nothing` reads (a cache that drops status keeps this)."""
-    kind = obj.get("kind")
-    if kind == "Pod" and _get(obj, "status.phase") in TERMINAL_POD_PHASES:
+    if obj.get("kind") == "Pod" and _get(obj, "status.phase") in TERMINAL_POD_PHASES:
         return {"phase": _get(obj, "status.phase")}
-    if kind == "Job":
-        finished = _finished_job_conditions(obj)
-        return {"conditions": [dict(item) for item in finished]} if finished else {}
-    return {}
+    return _finished_part(obj)
 
 
 def _scaled_to(obj: Mapping[str, Any], replicas: int) -> Mapping[str, Any]:

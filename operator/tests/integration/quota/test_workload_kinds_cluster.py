@@ -260,3 +260,41 @@ def test_scaling_a_workload_of_another_project_is_checked_whole(
         scale(replicas + 2)
     scale(replicas + 1)
     wait_for(f"the scaled {kind} to be counted", lambda: quotas.used("team") == str(whole + per_replica))
+
+
+def _condition(kind: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": kind,
+        "message": "set by the test, as the project's controller sets it",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "lastUpdateTime": "2026-01-01T00:00:00Z",
+    }
+
+
+@pytest.mark.parametrize(("kind", "plural", "group", "version", "status"), [
+    ("JobSet", "jobsets", "jobset.x-k8s.io", "v1alpha2", {"conditions": [_condition("Completed")]}),
+    ("PyTorchJob", "pytorchjobs", "kubeflow.org", "v1", {"conditions": [_condition("Succeeded")]}),
+    ("RayJob", "rayjobs", "ray.io", "v1", {"jobDeploymentStatus": "Failed"}),
+])  # fmt: skip
+def test_a_finished_workload_of_another_project_releases_its_gpus(
+    kind: str, plural: str, group: str, version: str, status: dict[str, Any], objects: Objects, quotas: Quotas
+) -> None:
+    """Its status says it finished, as its controller writes it (none of theirs runs here): the charge
+    is released, and the room goes to the next one."""
+    _, _, _, _, whole = KINDS[kind](1)
+    quotas.create("team", {GPU: whole})
+    team = quotas.name("team")
+    assert objects.create(kind, "first", team, 1)[0] == "admitted"
+    wait_for(f"the {kind} to be counted", lambda: quotas.used("team") == str(whole))
+    if kind == "RayJob":  # its RayCluster is deleted after the job only with this set
+        objects.custom.patch_namespaced_custom_object(
+            group, version, objects.namespace, plural, "first", {"spec": {"shutdownAfterJobFinishes": True}}
+        )
+    assert "only 0 is left" in objects.create(kind, "second", team, 1)[0]
+    objects.custom.patch_namespaced_custom_object_status(
+        group, version, objects.namespace, plural, "first", {"status": status}
+    )
+    wait_for(f"the finished {kind} to release its GPUs", lambda: quotas.used("team") == "0", timeout=30)
+    assert objects.create(kind, "second", team, 1)[0] == "admitted"

@@ -14,6 +14,7 @@ from gpuforge.api.workloadkinds import WORKLOAD_KINDS, controller_kind
 from gpuforge.quota.admission import Allowed, Denied, WorkloadAsk, admit_workload
 from gpuforge.quota.usage import (
     WorkloadError,
+    finish_status,
     holds_nothing,
     is_controlled_by_workload,
     pod_templates,
@@ -259,6 +260,54 @@ def test_a_suspended_workload_holds_nothing(workload: dict[str, Any], path: str)
     target[last] = True
     assert holds_nothing(workload)
     assert workload_usage(workload).usage.get(GPU) is None
+
+
+def _conditions(*types: str, status: str = "True") -> dict[str, Any]:
+    return {"conditions": [{"type": kind, "status": status} for kind in types]}
+
+
+def _ray_job(shutdown: bool | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"entrypoint": "python x.py", "rayClusterSpec": ray_cluster_spec()}
+    if shutdown is not None:
+        spec["shutdownAfterJobFinishes"] = shutdown
+    return obj("ray.io/v1", "RayJob", spec)
+
+
+@pytest.mark.parametrize(
+    ("workload", "status", "holds"),
+    [
+        (jobset(), {}, True),
+        (jobset(), _conditions("StartupPolicyCompleted"), True),
+        (jobset(), _conditions("Completed"), False),
+        (jobset(), _conditions("Failed"), False),
+        (jobset(), _conditions("Completed", status="False"), True),
+        (jobset(), _conditions("Complete"), True),  # a batch Job's spelling, not JobSet's
+        (pytorch_job(), _conditions("Created", "Running"), True),
+        (pytorch_job(), _conditions("Created", "Succeeded"), False),
+        (pytorch_job(), _conditions("Failed"), False),
+        (pytorch_job(), _conditions("Restarting"), True),
+        (pytorch_job(), _conditions("Succeeded", status="False"), True),
+        (_ray_job(shutdown=True), {"jobDeploymentStatus": "Running"}, True),
+        (_ray_job(shutdown=True), {"jobDeploymentStatus": "Complete"}, False),
+        (_ray_job(shutdown=True), {"jobDeploymentStatus": "Failed"}, False),
+        (_ray_job(shutdown=True), {"jobDeploymentStatus": "Retrying"}, True),
+        # Without shutdownAfterJobFinishes its RayCluster keeps running after the job: still charged.
+        (_ray_job(shutdown=False), {"jobDeploymentStatus": "Complete"}, True),
+        (_ray_job(), {"jobDeploymentStatus": "Complete"}, True),
+        # Kinds without a finished rule never finish by status.
+        (lws(), _conditions("Completed", "Failed"), True),
+        (obj("ray.io/v1", "RayCluster", ray_cluster_spec()), {"jobDeploymentStatus": "Complete"}, True),
+    ],
+)
+def test_a_finished_workload_holds_nothing(
+    workload: dict[str, Any], status: dict[str, Any], holds: bool
+) -> None:
+    finished = {**workload, "status": status}
+    assert holds_nothing(finished) is not holds
+    assert (workload_usage(finished).usage.get(GPU) is not None) is holds
+    # What a workload cache keeps of the status (the rest is dropped) decides the same.
+    kept = {**workload, "status": finish_status(finished)}
+    assert holds_nothing(kept) is not holds
 
 
 @pytest.mark.parametrize(
