@@ -459,6 +459,20 @@ def charged_quota(obj: Mapping[str, Any], default: str = "") -> str:
         return ""
 
 
+def resize_quota(pod: Mapping[str, Any], default: str = "") -> str:
+    """The quota a pod's resize (`pods/resize`) is checked against: the one its label names, else its
+    namespace's default quota (`default`) when it takes GPUs. Unlike `charged_quota`, a pod a workload
+    controller made is not passed to its owner: the owner is counted from its template, so the pod's
+    own growth is what the resize adds, for a labelled pod and an unlabelled one alike."""
+    named = quota_label(pod)
+    if named or not default:
+        return named
+    try:
+        return default if takes_gpus(pod) else ""
+    except WorkloadError:
+        return ""
+
+
 def quota_label_conflict(obj: Mapping[str, Any]) -> str:
     """Why the object's and its pod templates' quota labels disagree ("" when they do not)."""
     own = str(labels_of(obj).get(QUOTA_LABEL) or "")

@@ -5,7 +5,7 @@ client config), and `gpuforge webhook run --register` with a URL on loopback. Sc
 fail-closed webhook can only block what it governs: system namespaces are excluded, matchConditions pass
 only objects labelled gpuforge.io/quota (on themselves or their pod template) that no workload controller
 owns (and, from namespaces labelled gpuforge.io/quota-required=true or gpuforge.io/default-quota, those
-naming no quota), and scales
+naming no quota, and there with a default quota the resize of any pod naming none), and scales
 that grow, never a scale-down; the timeout is short. An outage so refuses only growth of labelled
 workloads (and any `kubectl scale` up: a Scale carries no labels).
 """
@@ -126,10 +126,11 @@ _NOT_CONTROLLED = (
 # The same without the exception for pods: an unlabelled pod that a controller made is checked as its
 # controller was.
 _NOT_CONTROLLED_AT_ALL = _NOT_CONTROLLED.removeprefix("request.resource.resource == 'pods' || ")
+_RESIZE = "(has(request.subResource) && request.subResource == 'resize')"
 # A pod's update matters only when it moves the pod to another quota, or resizes it (`pods/resize`).
 _POD_RELABELLED = (
     "request.resource.resource != 'pods' || request.operation != 'UPDATE' || "
-    "(has(request.subResource) && request.subResource == 'resize') || "
+    f"{_RESIZE} || "
     "!has(oldObject.metadata.labels) || !('" + QUOTA_LABEL + "' in oldObject.metadata.labels) || "
     "oldObject.metadata.labels['" + QUOTA_LABEL + "'] != object.metadata.labels['" + QUOTA_LABEL + "']"
 )
@@ -258,6 +259,13 @@ def render_webhook_configurations(
         {"name": "names-no-quota", "expression": f"!({_LABELLED})"},
         {"name": "not-owned-by-a-workload", "expression": _NOT_CONTROLLED_AT_ALL},
     ]
+    # A default quota also checks the resize of an unlabelled pod (any pod: one a controller made grows
+    # beyond its owner's template), as the labelled pods' webhook does.
+    defaulted_rules = [*copy.deepcopy(unlabelled_rules), _rule("", ["pods/resize"], ["UPDATE"])]
+    defaulted_conditions = [
+        unlabelled_conditions[0],
+        {"name": "not-owned-by-a-workload", "expression": f"{_RESIZE} || {_NOT_CONTROLLED_AT_ALL}"},
+    ]
     no_default = {"key": DEFAULT_QUOTA_LABEL, "operator": "DoesNotExist"}
     # Namespaces that require a quota: workloads naming none come too, and are refused if they take
     # GPUs. A webhook of its own, so that elsewhere unlabelled objects never reach the webhook.
@@ -279,13 +287,13 @@ def render_webhook_configurations(
         f"default.quota.{GROUP}",
         target,
         WORKLOADS_PATH,
-        unlabelled_rules,
+        defaulted_rules,
         failure_policy,
         timeout_seconds,
         namespaceSelector=_namespace_selector(
             excluded, expressions=[{"key": DEFAULT_QUOTA_LABEL, "operator": "Exists"}]
         ),
-        matchConditions=unlabelled_conditions,
+        matchConditions=defaulted_conditions,
     )
     scale = _webhook(
         f"scale.quota.{GROUP}",

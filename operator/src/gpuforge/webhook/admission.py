@@ -62,6 +62,7 @@ from gpuforge.quota.usage import (
     quota_label,
     quota_label_conflict,
     referenced_claims,
+    resize_quota,
     takes_gpus,
     workload_controller,
     workload_ref,
@@ -286,10 +287,10 @@ class AdmissionHandlers:
         if conflict:
             return Denied(f"{where}: {conflict}", reason="Invalid", code=422)
         resize = request.sub_resource == "resize"
-        quota_name = quota_label(obj) or ("" if resize else charged_quota(obj, default))
+        quota_name = resize_quota(obj, default) if resize else charged_quota(obj, default)
         if not quota_name:
-            return Allowed()  # a resize of a pod that names no quota
-        if not quota_label(obj) and request.kind == "Pod" and workload_controller(obj) is None:
+            return Allowed()  # a resize of a pod that names no quota and takes no GPU there
+        if not resize and not quota_label(obj) and request.kind == "Pod" and workload_controller(obj) is None:
             # The usage controller watches pods by their label: an unlabelled bare pod would go uncounted.
             return Denied(
                 f"{where}: a Pod that takes GPUs in namespace {request.namespace!r} is charged to its "
@@ -317,7 +318,12 @@ class AdmissionHandlers:
         if (
             request.operation == "UPDATE"
             and old is not None
-            and charged_quota(old, "" if quota_label(old) else default) == quota_name
+            and (
+                resize_quota(old, default)
+                if resize
+                else charged_quota(old, "" if quota_label(old) else default)
+            )
+            == quota_name
             and (request.kind == "Pod" or not is_controlled_by_workload(old))
         ):
             try:

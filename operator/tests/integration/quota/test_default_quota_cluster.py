@@ -3,11 +3,13 @@ to it by the webhook, and counted to it by the usage controller."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from typing import Any
 
 from kubernetes import client
 
-from .conftest import GPU, Quotas, deployment, wait_for
+from .conftest import GPU, Quotas, deployment, kubectl, wait_for
 from .test_quota_cluster import create
 
 LABEL = "gpuforge.io/quota"
@@ -107,3 +109,44 @@ def test_a_default_quota_answers_a_namespace_that_requires_one(
     name_default(core, namespace, quotas.name("answers"))
     assert create(apps, namespace, unlabelled("w")) == "admitted"  # charged, not refused as naming none
     wait_for("the controller to count 1", lambda: quotas.used("answers") == "1", timeout=10)
+
+
+def test_a_resize_of_an_unlabelled_pod_is_checked_against_the_default(
+    quotas: Quotas, namespace: str, api_client: Any, dev_cluster: Any
+) -> None:
+    """A GPU pod naming no quota (created before the namespace named its default) grows in place: the
+    growth is checked against the default quota, as a labelled pod's is against its own."""
+    core = client.CoreV1Api(api_client)
+    pod = bare_pod("p")
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/gpu": "1"}}
+    # Left unscheduled: kwok's simulated nodes do not declare in-place resize, and the API server
+    # refuses to resize a pod on such a node before any webhook sees it.
+    pod["spec"]["nodeSelector"] = {"gpuforge.io/no-such-node": "true"}
+    core.create_namespaced_pod(namespace, pod)
+    quotas.create("dflt", {"requests.cpu": 2})
+    name_default(core, namespace, quotas.name("dflt"))
+
+    def resize(cpu: str) -> subprocess.CompletedProcess[str]:
+        resources = {"requests": {"cpu": cpu}, "limits": {"cpu": cpu, "nvidia.com/gpu": "1"}}
+        patch = {"spec": {"containers": [{"name": "main", "resources": resources}]}}
+        return subprocess.run(
+            [
+                *kubectl(dev_cluster),
+                *("-n", namespace, "patch", "pod", "p", "--subresource", "resize"),
+                *("-p", json.dumps(patch)),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    refused = resize("4")
+    assert refused.returncode != 0, refused.stdout
+    assert f'GpuQuota "{quotas.name("dflt")}": Pod {namespace}/p asks requests.cpu=3 but only 2 is left' in (
+        refused.stderr.replace('\\"', '"')
+    ), refused.stderr
+    grown = resize("3")
+    assert grown.returncode == 0, grown.stderr
+    # The growth is held for it (the pod names no quota, so it is charged by the reservation).
+    wait_for("the growth to be charged", lambda: quotas.used("dflt", "requests.cpu") == "2")

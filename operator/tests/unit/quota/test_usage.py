@@ -15,6 +15,7 @@ from gpuforge.quota.usage import (
     holds_nothing,
     increase,
     is_controlled_by_workload,
+    resize_quota,
     workload_usage,
 )
 
@@ -405,3 +406,28 @@ def test_charged_quota_falls_back_to_the_namespace_default(
 ) -> None:
     assert charged_quota(obj, default) == charged
     assert workload_usage(obj, default_quota=default).quota == charged
+
+
+_RS_OWNER = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w-1", "uid": "rs1", "controller": True}]
+
+
+@pytest.mark.parametrize(
+    ("labels", "owners", "spec", "default", "quota"),
+    [
+        ({"gpuforge.io/quota": "team"}, [], ONE_GPU, "dflt", "team"),  # the label wins
+        ({"gpuforge.io/quota": "team"}, _RS_OWNER, ONE_GPU, "", "team"),
+        ({}, [], ONE_GPU, "dflt", "dflt"),  # unlabelled, takes a GPU: the default quota
+        ({}, _RS_OWNER, ONE_GPU, "dflt", "dflt"),  # a controller's pod grows beyond its template
+        ({}, [], ONE_GPU, "", ""),  # no default: not checked
+        ({}, [], pod_spec(container({"cpu": "1"})), "dflt", ""),  # takes no GPU: not charged there
+    ],
+)
+def test_a_resize_is_checked_against_the_label_else_the_default_quota(
+    labels: dict[str, str], owners: list[dict[str, Any]], spec: dict[str, Any], default: str, quota: str
+) -> None:
+    pod = {
+        "kind": "Pod",
+        "metadata": {"name": "p", "labels": labels, "ownerReferences": owners},
+        "spec": spec,
+    }
+    assert resize_quota(pod, default) == quota

@@ -291,8 +291,16 @@ def test_configurations_are_narrow() -> None:
     assert {"key": "gpuforge.io/default-quota", "operator": "Exists"} in defaulted["namespaceSelector"][
         "matchExpressions"
     ]
-    assert defaulted["matchConditions"] == required["matchConditions"]
-    assert defaulted["rules"] == required["rules"]
+    assert defaulted["matchConditions"][0] == required["matchConditions"][0]
+    assert defaulted["rules"][:-1] == required["rules"]
+    # A default quota checks the resize of any pod naming none, one a controller made too.
+    assert defaulted["rules"][-1]["resources"] == ["pods/resize"]
+    assert "pods/resize" not in [resource for rule in required["rules"] for resource in rule["resources"]]
+    not_owned = defaulted["matchConditions"][1]["expression"]
+    assert not_owned == (
+        "(has(request.subResource) && request.subResource == 'resize') || "
+        + required["matchConditions"][1]["expression"]
+    )
     (scale_up,) = scale["matchConditions"]
     assert scale_up["name"] == "scale-up" and "> (has(oldObject.spec.replicas)" in scale_up["expression"]
     assert tree["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]

@@ -88,6 +88,63 @@ async def test_a_resize_that_grows_a_counted_request_is_checked() -> None:
     assert isinstance(shrink, Allowed)
 
 
+class DefaultedApi(MemoryApi):
+    """Namespace `ns` charges GPU workloads naming no quota to `default`."""
+
+    def __init__(self, quotas: list[dict[str, Any]], default: str) -> None:
+        super().__init__(quotas)
+        self.default = default
+
+    async def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind == "Namespace":
+            return {"metadata": {"name": name, "labels": {"gpuforge.io/default-quota": self.default}}}
+        return await super().get_object(kind, namespace, name)
+
+
+def unlabelled_pod(cpu: str, gpus: int = 1, owner: bool = False) -> dict[str, Any]:
+    body = pod(cpu)
+    del body["metadata"]["labels"][LABEL]
+    if gpus:
+        body["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = str(gpus)
+    if owner:  # made by a ReplicaSet, whose Deployment is counted from its template
+        body["metadata"]["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w-1", "uid": "rs1", "controller": True}
+        ]
+    return body
+
+
+async def test_a_resize_of_an_unlabelled_pod_is_checked_against_the_default_quota() -> None:
+    limited = quota("dflt")
+    limited["spec"]["hard"]["requests.cpu"] = "2"
+    for owner in (False, True):
+        shell = leading(DefaultedApi([limited], "dflt"))
+        grow = await shell.handlers.workloads(
+            request(
+                "Pod", unlabelled_pod("4", owner=owner), old=unlabelled_pod("1", owner=owner), sub="resize"
+            )
+        )
+        assert isinstance(grow, Denied) and 'GpuQuota "dflt"' in grow.message, grow
+        assert "asks requests.cpu=3 but only 2 is left" in grow.message
+        fits = await shell.handlers.workloads(
+            request(
+                "Pod", unlabelled_pod("3", owner=owner), old=unlabelled_pod("1", owner=owner), sub="resize"
+            )
+        )
+        assert isinstance(fits, Allowed) and fits.quota == "dflt"
+        shrink = await shell.handlers.workloads(
+            request(
+                "Pod", unlabelled_pod("500m", owner=owner), old=unlabelled_pod("1", owner=owner), sub="resize"
+            )
+        )
+        assert isinstance(shrink, Allowed)
+    # A pod that takes no GPU is not charged to the default quota: its resize is not checked.
+    shell = leading(DefaultedApi([limited], "dflt"))
+    cpu_only = await shell.handlers.workloads(
+        request("Pod", unlabelled_pod("4", gpus=0), old=unlabelled_pod("1", gpus=0), sub="resize")
+    )
+    assert isinstance(cpu_only, Allowed) and not cpu_only.quota
+
+
 async def test_limit_range_defaults_are_counted() -> None:
     limited = quota("a")
     limited["spec"]["hard"]["limits.cpu"] = "1"
