@@ -80,6 +80,29 @@ class WorkloadAsk:
     unset: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Where the workload's pods may land: what proves the models of per-model keys.
     placement: Placement = field(default_factory=Placement)
+    # A Deployment's rolling update: the pods it runs above spec.replicas (maxSurge), and what they take
+    # (part of `expected`; a refusal says when they are what does not fit).
+    surge_pods: int = 0
+    surge: ResourceList = field(default_factory=dict)
+
+
+def _surge_note(ask: WorkloadAsk, key: str, denied: Denied) -> Denied:
+    """A refusal that says so when the rolling update's surge is what does not fit."""
+    surge = restrict_to_keys(ask.surge, [key]).get(key, ZERO)
+    if not ask.surge_pods or surge <= 0 or denied.asked is None or denied.left is None:
+        return denied
+    if denied.asked - surge > denied.left:
+        return denied  # it would not fit without the surge either
+    pods = f"{ask.surge_pods} pod{'s' if ask.surge_pods != 1 else ''}"
+    return replace(
+        denied,
+        message=(
+            f"{denied.message}, of which {key}={format_quantity(surge)} is its rolling update's surge "
+            f"({pods} above spec.replicas while old pods are replaced, maxSurge); the surge would exceed "
+            "hard: set spec.strategy.rollingUpdate.maxSurge to 0 (and maxUnavailable to at least 1) to "
+            "replace pods without it"
+        ),
+    )
 
 
 def quota_ref(name: str) -> str:
@@ -243,7 +266,7 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
     for key in sorted(charged):
         denied = _shortfall(quota, key, charged[key], what)
         if denied is not None:
-            return denied
+            return _surge_note(ask, key, denied)
     if not charged:
         return Allowed(quota=quota.name)
     reservation = Reservation(

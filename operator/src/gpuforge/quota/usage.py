@@ -64,6 +64,9 @@ class WorkloadUsage:
     unset: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Where its pods may land, which proves (or not) the models per-model keys charge.
     placement: Placement = field(default_factory=Placement)
+    # Pods counted above `spec.replicas` for a Deployment's rolling update (maxSurge), and what they take.
+    surge_pods: int = 0
+    surge: ResourceList = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -588,6 +591,70 @@ def finish_status(obj: Mapping[str, Any]) -> dict[str, Any]:
     return _finished_part(obj)
 
 
+# What the Deployment controller takes when maxSurge is unset (apps/v1 defaults).
+DEFAULT_MAX_SURGE: Final = "25%"
+
+
+def _scaled_value(value: object, total: int, field: str) -> int:
+    """An IntOrString of a rolling update (`2`, `"25%"`) resolved against `total`, a percentage rounded
+    up as the Deployment controller rounds maxSurge (intstr.GetScaledValueFromIntOrPercent)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
+        return -(-int(value[:-1]) * total // 100)
+    raise WorkloadError(f"{field}: expected a non-negative integer or a percentage, got {value!r}")
+
+
+def max_surge(obj: Mapping[str, Any]) -> int:
+    """Pods a Deployment's rolling update runs above `spec.replicas`: maxSurge (default 25%, rounded
+    up), at most `replicas` (the new ReplicaSet never grows beyond `replicas`, the old ones only
+    shrink). 0 for other kinds and for the Recreate strategy (old pods go before new ones start)."""
+    if obj.get("kind") != "Deployment":
+        return 0
+    strategy = _get(obj, "spec.strategy") or {}
+    if not isinstance(strategy, Mapping) or strategy.get("type") == "Recreate":
+        return 0
+    replicas = _replicas(_get(obj, "spec.replicas"), "spec.replicas")
+    rolling = strategy.get("rollingUpdate") or {}
+    raw = rolling.get("maxSurge", DEFAULT_MAX_SURGE) if isinstance(rolling, Mapping) else DEFAULT_MAX_SURGE
+    surge = _scaled_value(raw, replicas, "spec.strategy.rollingUpdate.maxSurge")
+    return min(surge, replicas)
+
+
+def rolling_out(obj: Mapping[str, Any]) -> bool:
+    """Whether a Deployment's status says a rolling update runs: pods of an older template remain next
+    to the updated ones (`status.replicas` > `status.updatedReplicas`). A change its controller has not
+    acted on yet (`status.observedGeneration` < `metadata.generation`) does not count: most are scales,
+    which roll nothing, and counting their surge until then would refuse racing scale-ups; the update
+    that rolls reserves its surge at admission instead."""
+    if obj.get("kind") != "Deployment":
+        return False
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return False
+    replicas, updated = status.get("replicas"), status.get("updatedReplicas")
+    return isinstance(replicas, int) and replicas > (updated if isinstance(updated, int) else 0)
+
+
+def starts_rollout(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an update of a Deployment starts (or keeps) a rolling update: it changes the pod template,
+    resumes a paused Deployment, or one is running already."""
+    if new.get("kind") != "Deployment":
+        return False
+    changed = _get(old, "spec.template") != _get(new, "spec.template")
+    resumed = _get(old, "spec.paused") is True and _get(new, "spec.paused") is not True
+    return changed or resumed or rolling_out(old)
+
+
+def rollout_status(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a Deployment's status `rolling_out` reads (a cache that drops status keeps this)."""
+    status = obj.get("status")
+    if obj.get("kind") != "Deployment" or not isinstance(status, Mapping):
+        return {}
+    wanted = ("observedGeneration", "replicas", "updatedReplicas")
+    return {key: status[key] for key in wanted if key in status}
+
+
 def _scaled_to(obj: Mapping[str, Any], replicas: int) -> Mapping[str, Any]:
     """`obj` with its replica count (the scale subresource's field) set to `replicas`."""
     kind = workload_kind(obj.get("kind"))
@@ -612,14 +679,20 @@ def workload_usage(
     strict_claims: bool = True,
     defaults: ContainerDefaults | None = None,
     default_quota: str = "",
+    surge: bool | None = None,
 ) -> WorkloadUsage:
     """Whole usage of a workload object, all its pod templates together; `replicas` overrides the
     object's replica count (the scale subresource); `defaults` are the namespace's LimitRange defaults,
     filled in as the API server will for its pods; `default_quota` the namespace's default quota
-    (charged_quota). Named ResourceClaims are shared: each counts once."""
+    (charged_quota). Named ResourceClaims are shared: each counts once.
+
+    A Deployment in a rolling update counts its surge pods too (`max_surge`, of its pod template);
+    `surge` says whether it is in one (None: as its status says, `rolling_out`)."""
     if replicas is not None:
         obj = _scaled_to(obj, replicas)
     idle = holds_nothing(obj)
+    surge_pods = max_surge(obj) if (rolling_out(obj) if surge is None else surge) else 0
+    surge_usage: dict[str, Decimal] = {}
     total: dict[str, Decimal] = {}
     pods = 0
     shared_claims: set[str] = set()
@@ -636,6 +709,9 @@ def workload_usage(
             field=template.field,
             strict_claims=strict_claims,
         )
+        if count and surge_pods:  # a Deployment's one template: its surge pods are of it too
+            count += surge_pods
+            add(surge_usage, per_pod, surge_pods)
         add(total, per_pod, count)
         pods += count
         if count:
@@ -664,6 +740,8 @@ def workload_usage(
         uid=str(metadata.get("uid") or ""),
         unset=unset,
         placement=placement,
+        surge_pods=surge_pods if surge_usage else 0,
+        surge={key: amount for key, amount in surge_usage.items() if amount},
     )
 
 

@@ -63,6 +63,8 @@ from gpuforge.quota.usage import (
     quota_label_conflict,
     referenced_claims,
     resize_quota,
+    rolling_out,
+    starts_rollout,
     takes_gpus,
     workload_controller,
     workload_ref,
@@ -262,13 +264,21 @@ class AdmissionHandlers:
         return decision
 
     async def _usage(
-        self, request: AdmissionRequest, obj: Mapping[str, Any], *, replicas: int | None = None, strict: bool
+        self,
+        request: AdmissionRequest,
+        obj: Mapping[str, Any],
+        *,
+        replicas: int | None = None,
+        strict: bool,
+        surge: bool | None = None,
     ) -> WorkloadUsage:
         catalog = replace(
             await claim_catalog(self.api, request.namespace, obj), device_classes=self.device_classes()
         )
         defaults = self.container_defaults(request.namespace)
-        return workload_usage(obj, catalog, replicas=replicas, strict_claims=strict, defaults=defaults)
+        return workload_usage(
+            obj, catalog, replicas=replicas, strict_claims=strict, defaults=defaults, surge=surge
+        )
 
     async def workloads(self, request: AdmissionRequest) -> Decision:
         """CREATE/UPDATE of a workload of a kind in gpuforge.api.workloadkinds, and a pod's resize
@@ -304,8 +314,12 @@ class AdmissionHandlers:
         owner_ref = workload_controller(obj) if request.kind == "Pod" and not resize else None
         if owner_ref is not None and charged_to_owner(obj, await self._owner(request.namespace, owner_ref)):
             return Allowed()  # made by a workload charged to the same quota
+        old = {"kind": request.kind, **request.old_object} if request.old_object is not None else None
+        # A Deployment's update that rolls its pods runs surge pods above replicas: they are charged
+        # with it (a create rolls nothing; the stored status cannot tell yet, so it is decided here).
+        surge = request.operation == "UPDATE" and old is not None and starts_rollout(old, obj)
         try:
-            counted = await self._usage(request, obj, strict=True)
+            counted = await self._usage(request, obj, strict=True, surge=surge)
         except WorkloadError as error:
             return Denied(f"{where}: {error}", reason="Invalid", code=422)
         claimed = claimed_model_problem(gpu_model_of(obj, pod_template(obj)), counted.placement)
@@ -314,7 +328,6 @@ class AdmissionHandlers:
         new = dict(counted.usage)
         old_usage: dict[str, Any] = {}
         old_placement = None
-        old = {"kind": request.kind, **request.old_object} if request.old_object is not None else None
         if (
             request.operation == "UPDATE"
             and old is not None
@@ -350,6 +363,8 @@ class AdmissionHandlers:
             object_uid=str((obj.get("metadata") or {}).get("uid") or ""),
             unset={} if resize else counted.unset,
             placement=counted.placement,
+            surge_pods=counted.surge_pods,
+            surge=counted.surge,
         )
         return await self._charge(request, quota_name, ask)
 
@@ -411,7 +426,10 @@ class AdmissionHandlers:
         if not quota_name or is_controlled_by_workload(workload):
             return Allowed()
         try:
-            counted = await self._usage(request, workload, replicas=replicas, strict=True)
+            # A rolling update keeps running at the new size, its surge resolved against it.
+            counted = await self._usage(
+                request, workload, replicas=replicas, strict=True, surge=rolling_out(workload)
+            )
             old = (await self._usage(request, workload, strict=False)).usage
         except WorkloadError as error:
             return Denied(f"{kind} {request.namespace}/{request.name}: {error}", reason="Invalid", code=422)
@@ -427,6 +445,8 @@ class AdmissionHandlers:
             generation=generation_of(workload) + 1,  # a replica change bumps the generation
             unset=counted.unset,
             placement=counted.placement,
+            surge_pods=counted.surge_pods,
+            surge=counted.surge,
             # The Scale object carries its workload's uid; the workload read is the fallback.
             object_uid=str(
                 (request.object.get("metadata") or {}).get("uid")

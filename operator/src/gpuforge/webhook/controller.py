@@ -71,6 +71,8 @@ from gpuforge.quota.usage import (
     pod_usage,
     quota_label,
     referenced_claims,
+    rolling_out,
+    rollout_status,
     workload_controller,
     workload_ref,
     workload_usage,
@@ -155,9 +157,11 @@ def counted_part(obj: dict[str, Any]) -> dict[str, Any]:
     (rewritten with every pod that starts) and managedFields are most of an object and count for
     nothing; dropping them keeps the leader's heap, and so the cyclic GC's pauses, small."""
     kept = {key: value for key, value in without_managed_fields(obj).items() if key != "status"}
-    finished = finish_status({"kind": obj.get("kind"), **obj})
-    if finished:  # a terminal pod or a finished Job releases its charge
-        kept["status"] = finished
+    typed = {"kind": obj.get("kind"), **obj}
+    # A terminal pod or a finished Job releases its charge; a Deployment's rollout charges its surge.
+    status = {**finish_status(typed), **rollout_status(typed)}
+    if status:
+        kept["status"] = status
     return kept
 
 
@@ -213,8 +217,9 @@ class UsageController:
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     # Objects seen deleted (ref -> (generation, uid, when)), so their reservations settle without the TTL.
     _deleted: dict[str, tuple[int, str, float]] = field(default_factory=dict)
-    # What each watched object last counted with: (generation, quota label, whether it holds nothing).
-    _seen: dict[str, tuple[int, str, bool]] = field(default_factory=dict)
+    # What each watched object last counted with: (generation, quota label, whether it holds nothing,
+    # whether a rolling update's surge is counted).
+    _seen: dict[str, tuple[int, str, bool, bool]] = field(default_factory=dict)
     # Set when a pass put off dropping settled reservations: the next pass comes within settle_seconds.
     _settles_deferred: bool = False
     _workloads: dict[str, Informer] = field(default_factory=dict)
@@ -369,8 +374,10 @@ class UsageController:
             if not touched - {""}:
                 return  # a workload that names no quota, and never did while watched
             # Status-only updates (a Deployment's ready count, our own status writes) change nothing
-            # quotas count; only spec (generation), the quota label, and a pod or Job finishing do.
-            state = (generation_of(obj), label, holds_nothing({"kind": kind, **obj}))
+            # quotas count; only spec (generation), the quota label, a pod or Job finishing, and a
+            # Deployment's rolling update starting or ending (its surge) do.
+            typed = {"kind": kind, **obj}
+            state = (generation_of(obj), label, holds_nothing(typed), rolling_out(typed))
             if previous is not None and previous[1] and previous[1] != label:
                 # Relabelled: gone from its old quota as if deleted, which settles the reservations
                 # held there for it (else they would hold its usage until they expire).

@@ -372,3 +372,40 @@ def test_cpu_model_key_needs_the_value_set_and_charges_the_model() -> None:
     )
     assert isinstance(decision, Denied)
     assert "limits.cpu.A4=3 but only 2 is left" in decision.message
+
+
+@pytest.mark.parametrize(
+    ("used", "delta", "surge", "note"),
+    [
+        # 4 running, the update asks 1 more for its surge pod: 4 of 4 used, the surge is what does not fit.
+        (4, 1, 1, True),
+        # It would not fit without the surge either: no word of it.
+        (2, 5, 1, False),
+        # No surge (maxSurge 0 or not a rolling update): the plain refusal.
+        (4, 1, 0, False),
+    ],
+)
+def test_a_refused_rolling_update_says_when_its_surge_does_not_fit(
+    used: int, delta: int, surge: int, note: bool
+) -> None:
+    ask = WorkloadAsk(
+        "u",
+        "Deployment/ns/w",
+        {GPU: D(delta)},
+        {GPU: D(4 + surge)},
+        surge_pods=surge,
+        surge={GPU: D(surge)} if surge else {},
+    )
+    decision = admit_workload(quota("team", {GPU: 4}, {GPU: used}), ask, NOW)
+    assert isinstance(decision, Denied)
+    assert f"asks {GPU}={delta} but only {4 - used} is left" in decision.message
+    said = f"of which {GPU}=1 is its rolling update's surge (1 pod above spec.replicas"
+    assert (said in decision.message) is note
+    assert ("set spec.strategy.rollingUpdate.maxSurge to 0" in decision.message) is note
+
+
+def test_a_rolling_update_whose_surge_fits_is_charged_for_it() -> None:
+    ask = WorkloadAsk("u", "Deployment/ns/w", {GPU: D(1)}, {GPU: D(5)}, surge_pods=1, surge={GPU: D(1)})
+    decision = admit_workload(quota("team", {GPU: 5}, {GPU: 4}), ask, NOW)
+    assert isinstance(decision, Allowed) and decision.status is not None
+    assert decision.status.used[GPU] == 5

@@ -15,7 +15,10 @@ from gpuforge.quota.usage import (
     holds_nothing,
     increase,
     is_controlled_by_workload,
+    max_surge,
     resize_quota,
+    rolling_out,
+    starts_rollout,
     workload_usage,
 )
 
@@ -431,3 +434,115 @@ def test_a_resize_is_checked_against_the_label_else_the_default_quota(
         "spec": spec,
     }
     assert resize_quota(pod, default) == quota
+
+
+def rolling(
+    count: int, strategy: dict[str, Any] | None = None, status: dict[str, int] | None = None
+) -> dict[str, Any]:
+    obj = workload("Deployment", ONE_GPU, replicas=count)
+    if strategy is not None:
+        obj["spec"]["strategy"] = strategy
+    obj["metadata"]["generation"] = 2
+    if status:
+        obj["status"] = status
+    return obj
+
+
+def _rolling_update(**fields: Any) -> dict[str, Any]:
+    return {"type": "RollingUpdate", "rollingUpdate": fields}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "strategy", "surge"),
+    [
+        (4, None, 1),  # default 25%
+        (5, None, 2),  # 25% of 5, rounded up
+        (1, None, 1),
+        (0, None, 0),
+        (8, _rolling_update(maxSurge=3), 3),
+        (8, _rolling_update(maxSurge="50%"), 4),
+        (8, _rolling_update(maxSurge=0, maxUnavailable=1), 0),
+        (2, _rolling_update(maxSurge=5), 2),  # no more than replicas: old pods only go
+        (2, _rolling_update(maxSurge="200%"), 2),
+        (4, {"type": "Recreate"}, 0),  # old pods go before new ones start
+        (4, {"type": "RollingUpdate"}, 1),
+    ],
+)
+def test_a_rolling_update_surges_as_the_deployment_controller_does(
+    replicas: int, strategy: dict[str, Any] | None, surge: int
+) -> None:
+    assert max_surge(rolling(replicas, strategy)) == surge
+    running = workload_usage(rolling(replicas, strategy), surge=True)
+    assert running.usage.get(GPU, Decimal(0)) == replicas + surge
+    assert running.surge_pods == surge and running.surge.get(GPU, Decimal(0)) == surge
+    assert workload_usage(rolling(replicas, strategy), surge=False).usage.get(GPU, Decimal(0)) == replicas
+
+
+def test_a_malformed_max_surge_names_the_field() -> None:
+    with pytest.raises(WorkloadError, match=r"spec.strategy.rollingUpdate.maxSurge: .*'lots'"):
+        workload_usage(rolling(4, _rolling_update(maxSurge="lots")), surge=True)
+
+
+@pytest.mark.parametrize(
+    ("status", "running"),
+    [
+        ({}, False),  # just created: nothing to replace
+        ({"observedGeneration": 2, "replicas": 4, "updatedReplicas": 4}, False),  # done
+        ({"observedGeneration": 2, "replicas": 5, "updatedReplicas": 1}, True),  # old pods remain
+        ({"observedGeneration": 2, "replicas": 4, "updatedReplicas": 2}, True),
+        # Not acted on yet: most such changes are scales (the update that rolls reserved its surge).
+        ({"observedGeneration": 1, "replicas": 4, "updatedReplicas": 4}, False),
+        ({"observedGeneration": 2}, False),
+    ],
+)
+def test_the_status_says_whether_a_rolling_update_runs(status: dict[str, int], running: bool) -> None:
+    obj = rolling(4, status=status)
+    assert rolling_out(obj) is running
+    assert workload_usage(obj).usage[GPU] == (5 if running else 4)  # the surge while it runs
+    assert not rolling_out({**obj, "kind": "StatefulSet"})
+
+
+def _changed(
+    obj: dict[str, Any], image: str = "", paused: bool | None = None, replicas: int = 0
+) -> dict[str, Any]:
+    import copy
+
+    new = copy.deepcopy(obj)
+    if image:
+        new["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    if paused is not None:
+        new["spec"]["paused"] = paused
+    if replicas:
+        new["spec"]["replicas"] = replicas
+    return new
+
+
+DONE = {"observedGeneration": 2, "replicas": 4, "updatedReplicas": 4}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "starts"),
+    [
+        (rolling(4, status=DONE), _changed(rolling(4, status=DONE), image="y"), True),  # a new pod template
+        (
+            rolling(4, status=DONE),
+            _changed(rolling(4, status=DONE), replicas=6),
+            False,
+        ),  # a scale rolls nothing
+        (rolling(4, status=DONE), rolling(4, status=DONE), False),
+        (
+            _changed(rolling(4, status=DONE), paused=True),
+            _changed(rolling(4, status=DONE), paused=False),
+            True,
+        ),
+        (
+            rolling(4, status={"replicas": 5, "updatedReplicas": 2}),
+            _changed(rolling(4), replicas=6),
+            True,
+        ),  # still rolling
+    ],
+)
+def test_an_update_starts_a_rolling_update_when_it_changes_the_pods(
+    old: dict[str, Any], new: dict[str, Any], starts: bool
+) -> None:
+    assert starts_rollout(old, new) is starts
