@@ -40,7 +40,8 @@ RESOURCE_CLAIMS_COUNT_KEY: Final = "count/resourceclaims.resource.k8s.io"
 # The keys a GpuQuota can count, as a regular expression in the syntax both Python's `re` and RE2 (the
 # CRD's CEL `matches`) read alike: what ResourceQuota counts for pods (`requests.<resource>`,
 # `limits.<resource>`, the aliases `cpu`, `memory`, `ephemeral-storage`, and `pods`; `<resource>` a
-# qualified resource name, `nvidia.com/gpu.H100` included), DRA devices of a DeviceClass, ResourceClaims,
+# qualified resource name, `nvidia.com/gpu.H100` included), DRA devices of a DeviceClass (of one GPU
+# model too: `<class>.deviceclass.resource.k8s.io/devices.H100`), ResourceClaims,
 # and a `cash/` budget of any of them. The CRD rule on spec.hard carries the same text (a unit test
 # compares them), so a key is refused by the API server even while the webhook is down.
 # Loose on purpose where the webhook is exact (which vendor resources exist, `limits.` only for the
@@ -50,7 +51,7 @@ _RESOURCE_NAME: Final = rf"({_DNS_NAME}/)?[A-Za-z0-9][-A-Za-z0-9_.]*"
 QUOTA_KEY_PATTERN: Final = (
     r"^(cash/)?(pods|cpu|memory|ephemeral-storage"
     rf"|(requests|limits)\.{_RESOURCE_NAME}"
-    rf"|{_DNS_NAME}\.deviceclass\.resource\.k8s\.io/devices"
+    rf"|{_DNS_NAME}\.deviceclass\.resource\.k8s\.io/devices(\.[A-Za-z0-9][-A-Za-z0-9_.]*)?"
     r"|count/resourceclaims\.resource\.k8s\.io)$"
 )
 

@@ -26,6 +26,7 @@ from gpuforge.api.gpuquota import (
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
+from gpuforge.quota.devicemodels import device_proof_problem
 from gpuforge.quota.keys import hard_key_problems
 from gpuforge.quota.models import Placement, model_key, proof_problem, restrict_to_keys
 from gpuforge.quota.quantity import format_quantity
@@ -234,7 +235,9 @@ def admit_workload(quota: GpuQuota, ask: WorkloadAsk, now: datetime) -> Decision
     unset = _unset_denied(quota, ask, what)
     if unset is not None:
         return unset
-    unproven = proof_problem(quota.hard, ask.expected, ask.placement)
+    unproven = proof_problem(quota.hard, ask.expected, ask.placement) or device_proof_problem(
+        quota.hard, ask.expected
+    )
     if unproven is not None:
         key, why = unproven
         return Denied(message=f'GpuQuota "{quota.name}": {what}: {why}', quota=quota.name, key=key)

@@ -20,7 +20,7 @@ from typing import Final
 
 from gpuforge.api.gpuquota import CASH_PREFIX, DEVICE_CLASS_KEY_SUFFIX, RESOURCE_CLAIMS_COUNT_KEY
 from gpuforge.constants import GPU_RESOURCE
-from gpuforge.quota.models import MODEL_PATTERN, model_key
+from gpuforge.quota.models import MODEL_PATTERN, device_model_key, model_key
 
 STANDARD_RESOURCES: Final = ("cpu", "memory", "ephemeral-storage")
 # Resources the quota's `requests.`/`limits.` keys may name without a domain.
@@ -71,11 +71,17 @@ def key_problem(key: str) -> str:
         return f"{key}: a budget of a budget is not counted"
     if counted in ("pods", RESOURCE_CLAIMS_COUNT_KEY) or counted in STANDARD_RESOURCES:
         return ""
-    if counted.endswith(DEVICE_CLASS_KEY_SUFFIX):
-        device_class = counted.removesuffix(DEVICE_CLASS_KEY_SUFFIX)
-        if _DEVICE_CLASS.match(device_class):
-            return ""
-        return f"{key}: {device_class!r} is not a DeviceClass name"
+    device_model = device_model_key(counted)
+    if counted.endswith(DEVICE_CLASS_KEY_SUFFIX) or device_model is not None:
+        device_class = device_model[0] if device_model else counted.removesuffix(DEVICE_CLASS_KEY_SUFFIX)
+        if not _DEVICE_CLASS.match(device_class):
+            return f"{key}: {device_class!r} is not a DeviceClass name"
+        if device_model is not None and not MODEL_PATTERN.match(device_model[1]):
+            return (
+                f"{key}: {device_model[1]!r} is not a model name (letters and digits, words joined by -, _ "
+                "or .)"
+            )
+        return ""
     prefix, _, resource = counted.partition(".")
     cash = CASH_PREFIX if key.startswith(CASH_PREFIX) else ""
     split = model_key(counted)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
+from gpuforge.api.gpuquota import DEVICE_CLASS_KEY_SUFFIX
 from gpuforge.constants import (
     CPU_MODEL_NODE_LABEL,
     GFD_PRODUCT_LABEL,
@@ -214,6 +215,12 @@ def _request_products(request: Mapping[str, Any]) -> frozenset[str] | None:
     return held
 
 
+def request_products(request: Mapping[str, Any]) -> frozenset[str] | None:
+    """The GPU products one device request (or `firstAvailable` alternative) is held to by its
+    selectors; None when they do not hold `productName`."""
+    return _request_products(request)
+
+
 def claim_products(claim_spec: Mapping[str, Any]) -> tuple[frozenset[str], ...]:
     """The GPU products each device request of a ResourceClaim spec is held to by its selectors, one
     set per request that holds `productName` (a `firstAvailable` request: the union of its
@@ -322,12 +329,22 @@ def model_key(key: str) -> ModelKey | None:
     return None
 
 
+def device_model_key(key: str) -> tuple[str, str] | None:
+    """(device class, model) of a per-model DRA key `<class>.deviceclass.resource.k8s.io/devices.<model>`
+    (a `cash/` budget of one too), None for any other key."""
+    device_class, found, model = key.removeprefix(_CASH).partition(f"{DEVICE_CLASS_KEY_SUFFIX}.")
+    return (device_class, model) if found and device_class and model else None
+
+
 def counted_key(key: str) -> str:
     """The key a usage holds the amount of `key` under: a model in canonical spelling, else `key`."""
+    cash = _CASH if key.startswith(_CASH) else ""
     parts = model_key(key)
     if parts is None:
-        return key
-    cash = _CASH if key.startswith(_CASH) else ""
+        device = device_model_key(key)
+        if device is None:
+            return key
+        return f"{cash}{device[0]}{DEVICE_CLASS_KEY_SUFFIX}.{canonical(device[1])}"
     return f"{cash}{parts.generic}.{canonical(parts.model)}"
 
 

@@ -24,9 +24,16 @@ from gpuforge.api.workloadkinds import (
     workload_kind,
 )
 from gpuforge.constants import GPU_MODEL_LABEL, QUOTA_LABEL, is_gpu_resource
+from gpuforge.quota.devicemodels import request_charges
 from gpuforge.quota.draextended import DeviceClassMap, claim_charges, pod_charges
 from gpuforge.quota.limitranges import ContainerDefaults, apply_defaults, unset_resources
-from gpuforge.quota.models import Placement, combined_placement, pod_placement, with_model_keys
+from gpuforge.quota.models import (
+    Placement,
+    combined_placement,
+    pod_placement,
+    request_products,
+    with_model_keys,
+)
 from gpuforge.quota.quantity import QuantityError, parse_quantity
 
 # What ResourceQuota charges for a DRA request with allocationMode All (AllocationResultsMaxSize).
@@ -194,11 +201,12 @@ def claim_usage(claim_spec: Mapping[str, Any], field: str = "spec") -> dict[str,
     for index, request in enumerate(_list(devices.get("requests"), f"{field}.devices.requests")):
         where = f"{field}.devices.requests[{index}]"
         alternatives = request.get("firstAvailable")
-        if alternatives:  # charge the largest alternative per device class
+        if alternatives:  # charge the largest alternative per device class (and per model)
             largest: dict[str, Decimal] = {}
             for sub_index, sub in enumerate(_list(alternatives, f"{where}.firstAvailable")):
                 device_class, count = _request_devices(sub, f"{where}.firstAvailable[{sub_index}]")
                 _maximum(largest, {device_class_key(device_class): Decimal(count)})
+                _maximum(largest, request_charges(device_class, count, request_products(sub)))
             add(usage, largest)
             continue
         exactly = request.get("exactly")
@@ -206,9 +214,13 @@ def claim_usage(claim_spec: Mapping[str, Any], field: str = "spec") -> dict[str,
             if not isinstance(exactly, Mapping):
                 raise WorkloadError(f"{where}.exactly: expected an object")
             device_class, count = _request_devices(exactly, f"{where}.exactly")
+            selected = exactly
         else:  # v1beta1 keeps the fields on the request itself
             device_class, count = _request_devices(request, where)
+            selected = request
         add(usage, {device_class_key(device_class): Decimal(count)})
+        # Devices of one GPU model, where the request's selectors prove it (gpuforge.quota.devicemodels).
+        add(usage, request_charges(device_class, count, request_products(selected)))
     return usage
 
 

@@ -157,3 +157,59 @@ def test_cpu_and_memory_model_keys_are_accepted(quotas: Quotas) -> None:
 
     assert "a GpuQuota cannot count key cpu.A4" in refusal("alias", "cpu.A4")  # the CRD's rule
     assert "'A4-' is not a model name" in refusal("dash", "limits.cpu.A4-")  # the webhook's
+
+
+def test_a_device_class_model_key_is_proven_by_the_claims_selectors(
+    quotas: Quotas, namespace: str, api_client: Any
+) -> None:
+    """`<class>.deviceclass.resource.k8s.io/devices.<model>`: the devices a claim's selectors hold to
+    the model are charged under it; a claim that does not hold its product is refused."""
+    devices = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+    quotas.create("dra-class-model", {devices: 4, f"{devices}.A100": 1})
+    team = quotas.name("dra-class-model")
+    custom = client.CustomObjectsApi(api_client)
+    version = next(
+        g.preferred_version.version
+        for g in client.ApisApi(api_client).get_api_versions().groups
+        if g.name == "resource.k8s.io"
+    )
+
+    def claim_template(name: str, expression: str) -> None:
+        exact: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+        if expression:
+            exact["selectors"] = [{"cel": {"expression": expression}}]
+        request: dict[str, Any] = {"name": "gpu", **(exact if version == "v1beta1" else {"exactly": exact})}
+        body = {
+            "apiVersion": f"resource.k8s.io/{version}",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        }
+        custom.create_namespaced_custom_object(
+            "resource.k8s.io", version, namespace, "resourceclaimtemplates", body
+        )
+
+    claim_template("an-a100", "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'")
+    claim_template("any-gpu", "")
+    apps = client.AppsV1Api(api_client)
+
+    def claiming(name: str, template: str) -> dict[str, Any]:
+        body = deployment(name, team)
+        body["spec"]["template"]["spec"]["resourceClaims"] = [
+            {"name": "gpu", "resourceClaimTemplateName": template}
+        ]
+        return body
+
+    assert create(apps, namespace, claiming("a100", "an-a100")) == "admitted"
+    wait_for(
+        "the controller to count 1 A100 device",
+        lambda: quotas.used("dra-class-model", f"{devices}.A100") == "1",
+        timeout=10,
+    )
+    refused = create(apps, namespace, claiming("a100-2", "an-a100"))
+    assert f"{devices}.A100=1 but only 0 is left" in refused, refused
+    unproven = create(apps, namespace, claiming("any", "any-gpu"))
+    assert (
+        f"{devices}.A100 needs the GPU model proven, and a device request of class gpu.nvidia.com" in unproven
+    )
+    assert quotas.used("dra-class-model", devices) == "1"
