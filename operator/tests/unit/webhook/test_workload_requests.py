@@ -186,3 +186,32 @@ def test_an_unlabelled_gpu_workload_is_for_the_leader_where_a_default_quota_char
     assert trivially_allowed(request, "")
     assert not trivially_allowed(request, "dflt")
     assert not trivially_allowed(request, None)  # the namespace is not known here: the leader reads it
+
+
+def _rolled(replicas: int, image: str, strategy: dict[str, Any] | None = None) -> dict[str, Any]:
+    body = deployment("a", "", gpus=1)
+    body["spec"]["replicas"] = replicas
+    body["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    if strategy is not None:
+        body["spec"]["strategy"] = strategy
+    body["status"] = {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas}
+    return body
+
+
+async def test_an_update_that_rolls_charges_its_surge() -> None:
+    old = _rolled(4, "x:1")
+    # All 4 GPUs in use: a new image would surge one pod (25% of 4) above them.
+    shell = leading(MemoryApi([quota("a", hard=4)], [old]))
+    refused = await shell.handlers.workloads(request("Deployment", _rolled(4, "x:2"), old=old))
+    assert isinstance(refused, Denied), refused
+    assert "asks requests.nvidia.com/gpu=1 but only 0 is left" in refused.message
+    assert "is its rolling update's surge (1 pod above spec.replicas" in refused.message
+    # Without surge the same update takes nothing more.
+    no_surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    fits = await shell.handlers.workloads(request("Deployment", _rolled(4, "x:2", no_surge), old=old))
+    assert isinstance(fits, Allowed) and fits.status is None
+    # A scale rolls nothing: it is charged its new pod only.
+    shell = leading(MemoryApi([quota("a", hard=5)], [old]))
+    scaled = await shell.handlers.workloads(request("Deployment", _rolled(5, "x:1"), old=old))
+    assert isinstance(scaled, Allowed) and scaled.status is not None
+    assert scaled.status.used["requests.nvidia.com/gpu"] == 5
