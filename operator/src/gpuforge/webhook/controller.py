@@ -4,7 +4,7 @@ On workload and GpuQuota events (debounced) and on a full resync (default every 
 the labelled workloads from watch-fed caches, recomputes `used`/`selfUsed` with the pure core
 (releasing reservations of requests that failed, settling those whose objects it sees), accrues
 `cash/` budgets from the run time of pods since `lastReconcileTime` (every pod that ran, from a watch of
-pods: gpuforge.quota.runs), and puts the result in the ledger,
+pods that runs while some quota holds a budget: gpuforge.quota.runs), and puts the result in the ledger,
 which the write-behind writes to each quota's status. When a budget becomes spent it records an Event
 and sets the budget metric; running pods are left alone, new workloads are denied by the webhook.
 
@@ -231,7 +231,9 @@ class UsageController:
     # LimitRanges: their container defaults are counted as the pods will get them.
     limit_ranges: Informer = field(init=False)
     # Every pod (trimmed to what run time needs), feeding `journal` on the leader: budgets are charged
-    # for each pod that ran, however short, not only for those a pass happens to see.
+    # for each pod that ran, however short, not only for those a pass happens to see. Watched only
+    # while some quota holds a budget: nothing else reads it, and without budgets a cluster's pods
+    # (their events, their memory) cost the leader nothing.
     pods: Informer = field(init=False)
     journal: PodJournal = field(default_factory=PodJournal)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -512,9 +514,9 @@ class UsageController:
 
     async def _relist(self) -> None:
         """(Re)start every informer: each lists its kind with a consistent read, then watches from there.
-        Pods come last: the journal decides each pod's quota from its owners, which must be known."""
-        await self._stop(POD_RUNS)
-        self.journal.clear()
+        The pods' watch starts afterwards, at the first pass that finds a budget (`_watch_pods`): the
+        journal decides each pod's quota from its owners, which must be known."""
+        await self._watch_pods(False)
         for kind, informer in (*self._workloads.items(), (KIND, self.quotas)):
             await self._stop(kind)
             informer.synced.clear()
@@ -523,9 +525,23 @@ class UsageController:
             await informer.synced.wait()
         if NAMESPACE in self._tasks:  # the namespaces' default quotas, watched since the process began
             await self.namespaces.synced.wait()
-        self.pods.synced.clear()
-        self._tasks[POD_RUNS] = asyncio.create_task(self.pods.run())
-        await self.pods.synced.wait()
+
+    async def _watch_pods(self, budgets: bool) -> None:
+        """Watch every pod while some quota holds a budget, and only then. A pod that starts and ends
+        between a budget's creation and the pass that starts the watch (the debounce, milliseconds) is
+        not charged; a pod that runs on is charged from the budget's first accrual."""
+        watching = POD_RUNS in self._tasks
+        if budgets and self.leadership.holds_ledger():  # (a count finishing after its term starts none)
+            if not watching:
+                self.pods.synced.clear()
+                self._tasks[POD_RUNS] = asyncio.create_task(self.pods.run())
+                metrics.PODS_WATCHED.set(1)
+            await self.pods.synced.wait()  # a pass accrues from the journal once it holds every pod
+        elif not budgets and watching:
+            await self._stop(POD_RUNS)
+            self.pods.synced.clear()
+            self.journal.clear()
+            metrics.PODS_WATCHED.set(0)
 
     async def _stop(self, kind: str) -> None:
         task = self._tasks.pop(kind, None)
@@ -538,6 +554,7 @@ class UsageController:
             await self._stop(kind)
             informer.synced.clear()
         self.journal.clear()
+        metrics.PODS_WATCHED.set(0)
 
     async def count(self, name: str) -> None:
         """Count `name` from the workloads now (a quota this leader has not recomputed yet)."""
@@ -698,6 +715,7 @@ class UsageController:
         (accrual needs ticks). Only the workloads charged to the quotas recomputed are read, and the
         loop is handed back every YIELD_EVERY of them: a pass never holds up admissions for long."""
         has_budgets = any(is_cash_key(key) for quota in self.ledger.quotas() for key in quota.hard)
+        await self._watch_pods(has_budgets)
         now = self.clock()
         if only is not None and not only_named:
             # Besides the quotas events touched, a pass takes those holding a reservation old enough to

@@ -121,6 +121,12 @@ QUOTA_RECONCILED: Final = Gauge(
     ["quota"],
     registry=REGISTRY,
 )
+PODS_WATCHED: Final = Gauge(
+    "gpuforge_quota_pods_watched",
+    "1 while the leader watches every pod to charge GPU-hour budgets (some GpuQuota holds a cash/ key), "
+    "else 0: without budgets the cluster's pods cost the webhook nothing.",
+    registry=REGISTRY,
+)
 RECONCILES: Final = Counter(
     "gpuforge_quota_reconciles_total",
     "Usage recomputations by the controller, by result (written, unchanged, error).",

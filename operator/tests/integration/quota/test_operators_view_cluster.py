@@ -71,3 +71,30 @@ def test_each_resync_stamps_last_reconcile_time(quotas: Quotas) -> None:
         timeout=30,
     )
     assert quotas.used("idle") == "0"
+
+
+def test_the_leader_watches_pods_only_while_a_quota_holds_a_budget(
+    quotas: Quotas, api_client: Any, quota_webhook: WebhookProcess
+) -> None:
+    def budgets_in_cluster() -> float:
+        listed = client.CustomObjectsApi(api_client).list_cluster_custom_object(
+            "gpuforge.io", "v1alpha1", "gpuquotas"
+        )
+        held = any(
+            key.startswith("cash/") for item in listed["items"] for key in item["spec"].get("hard", {})
+        )
+        return 1.0 if held else 0.0
+
+    watched = "gpuforge_quota_pods_watched"
+    wait_for(
+        "the pod watch to follow the budgets", lambda: quota_webhook.metric(watched) == budgets_in_cluster()
+    )
+    quotas.create("plain", {GPU: 2})
+    wait_for("a pass to count the new quota", lambda: bool(quotas.get("plain").get("status")))
+    assert quota_webhook.metric(watched) == budgets_in_cluster()
+    quotas.create("metered", {GPU: 2, BUDGET: 10})
+    wait_for("the pod watch to start with the first budget", lambda: quota_webhook.metric(watched) == 1.0)
+    quotas.delete("metered")
+    wait_for(
+        "the pod watch to follow the budgets", lambda: quota_webhook.metric(watched) == budgets_in_cluster()
+    )
