@@ -46,6 +46,7 @@ from gpuforge.quota.models import claim_products
 from gpuforge.quota.reconcile import (
     DEFAULT_RESERVATION_TTL,
     PodRun,
+    Seen,
     accrue,
     budget_window,
     children_of,
@@ -215,8 +216,11 @@ class UsageController:
     settle_batch: int = 16
     settle_seconds: float = 15.0
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
-    # Objects seen deleted (ref -> (generation, uid, when)), so their reservations settle without the TTL.
-    _deleted: dict[str, tuple[int, str, float]] = field(default_factory=dict)
+    # Objects seen deleted (ref -> (generation, uid)), so their reservations settle without the TTL; and
+    # when each was seen, oldest first, to forget them after the TTL. Kept as `recompute_status` reads
+    # it: a pass hands the same mapping to every quota (a copy per quota cost a pass O(quotas x deleted)).
+    _deleted: dict[str, Seen] = field(default_factory=dict)
+    _deleted_at: dict[str, float] = field(default_factory=dict)
     # What each watched object last counted with: (generation, quota label, whether it holds nothing,
     # whether a rolling update's surge is counted).
     _seen: dict[str, tuple[int, str, bool, bool]] = field(default_factory=dict)
@@ -347,6 +351,20 @@ class UsageController:
     def _pod_changed(self, event_type: str, obj: Obj) -> None:
         self.journal.observe(event_type, run_part(dict(obj)), self._owner, self.clock(), self._charged_top)
 
+    def _saw_deleted(self, ref: str, seen: Seen) -> None:
+        self._deleted[ref] = seen
+        self._deleted_at.pop(ref, None)  # (re-inserted: the oldest stay first)
+        self._deleted_at[ref] = asyncio.get_running_loop().time()
+
+    def _forget_deleted(self, horizon: float) -> None:
+        """Forget deletions seen before `horizon`: their reservations have expired by now."""
+        while self._deleted_at:
+            ref, seen_at = next(iter(self._deleted_at.items()))
+            if seen_at > horizon:
+                break
+            del self._deleted_at[ref]
+            self._deleted.pop(ref, None)
+
     def recount(self, name: str) -> None:
         """Count `name` again at the next pass (its object was replaced)."""
         self._dirty_quotas.add(name)
@@ -368,7 +386,7 @@ class UsageController:
                 self._usages.pop((kind, namespace, name), None)
                 self._claims.pop((kind, namespace, name), None)
                 uid = str((obj.get("metadata") or {}).get("uid") or "")
-                self._deleted[ref] = (generation_of(obj), uid, asyncio.get_running_loop().time())
+                self._saw_deleted(ref, (generation_of(obj), uid))
                 if touched - {""}:
                     self._dirty_quotas.update(touched - {""})
                     self.poke()
@@ -384,7 +402,7 @@ class UsageController:
                 # Relabelled: gone from its old quota as if deleted, which settles the reservations
                 # held there for it (else they would hold its usage until they expire).
                 uid = str((obj.get("metadata") or {}).get("uid") or "")
-                self._deleted[ref] = (generation_of(obj), uid, asyncio.get_running_loop().time())
+                self._saw_deleted(ref, (generation_of(obj), uid))
             if previous != state:
                 self._seen[ref] = state
                 self._dirty_quotas.update(touched - {""})
@@ -759,8 +777,7 @@ class UsageController:
             self._usages = usage_cache
             self._claims = {key: known for key, known in self._claims.items() if key in snap.workloads}
         runs = self._runs(snap) if has_budgets else {}
-        horizon = asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds()
-        self._deleted = {ref: seen for ref, seen in self._deleted.items() if seen[2] > horizon}
+        self._forget_deleted(asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds())
         children = children_of(self.ledger.quotas())
         for index, name in enumerate(self.ledger.names()):
             quota = self.ledger.quota(name)
@@ -794,7 +811,6 @@ class UsageController:
             quota.refill, quota.status.last_refill_time, quota.status.last_reconcile_time, now, self.speedup
         )
         accrued = accrue(runs, since, now, self.speedup) if runs else {}
-        deleted = {ref: (generation, uid) for ref, (generation, uid, _) in self._deleted.items()}
         status = recompute_status(
             quota,
             children,
@@ -802,7 +818,7 @@ class UsageController:
             accrued,
             now,
             self.reservation_ttl,
-            deleted,
+            self._deleted,
             period_start=period_start,
             refilled=refilled,
         )
