@@ -1,4 +1,4 @@
-"""What the real-node tests share: a cluster of one real L4 node and the node's GPU figures."""
+"""What the real-node tests share: a cluster of real L4 nodes and a node's GPU figures."""
 
 from __future__ import annotations
 
@@ -12,19 +12,29 @@ from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 from ..operator_process import kube_json
 
-# The node `one_real_node` boots, as the pool names it.
+# The nodes `real_nodes` boots, as the pool names them; `one_real_node` boots the first.
 NODE = "real-0"
+SECOND_NODE = "real-1"
+
+
+@contextmanager
+def real_nodes(
+    name: str, tmp_path_factory: pytest.TempPathFactory, count: int, gpus: int = 2
+) -> Iterator[DevCluster]:
+    """A local control plane with `count` real kubelet nodes of `gpus` pretend L4s each, removed after."""
+    dev_cluster = DevCluster(name, root=tmp_path_factory.mktemp("clusters"))
+    try:
+        dev_cluster.up(pools=[Pool("real", count, GpuSpec(product="NVIDIA L4", count=gpus), real=True)])
+        yield dev_cluster
+    finally:
+        dev_cluster.down()
 
 
 @contextmanager
 def one_real_node(name: str, tmp_path_factory: pytest.TempPathFactory, gpus: int = 2) -> Iterator[DevCluster]:
-    """A local control plane with one real kubelet node of `gpus` pretend L4s, removed afterwards."""
-    dev_cluster = DevCluster(name, root=tmp_path_factory.mktemp("clusters"))
-    try:
-        dev_cluster.up(pools=[Pool("real", 1, GpuSpec(product="NVIDIA L4", count=gpus), real=True)])
+    """A local control plane with one real kubelet node (`NODE`) of `gpus` pretend L4s, removed afterwards."""
+    with real_nodes(name, tmp_path_factory, 1, gpus) as dev_cluster:
         yield dev_cluster
-    finally:
-        dev_cluster.down()
 
 
 def gpu_status(cluster: DevCluster, node: str = NODE) -> tuple[str | None, str | None]:

@@ -1,10 +1,12 @@
-"""A device plugin -> DRA switch and back on a real kubelet node, driven by the operator's GpuStack.
+"""Device plugin -> DRA switches and back on two real kubelet nodes, driven by the operator's GpuStack
+with `maxUnavailable: 1`.
 
 Both operands are the operator's own rendered DaemonSets with only their images replaced by the pretend
 plugins, so what the real kubelet does when one plugin goes and the other comes is what the upgrade
 engine sees. Kubelet keeps a stopped device plugin's devices in the node's capacity for five minutes
-(allocatable 0 at once): the switch must neither wait that out nor let the node offer GPUs through both
-stacks, as the kubelet reports them, at any sampled moment.
+(allocatable 0 at once): the switch must neither wait that out nor let a node offer GPUs through both
+stacks, as the kubelet reports them (allocatable), at any sampled moment, nor take more than one node
+out of service at a time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from gpuforge_lab.devcluster.cluster import DevCluster
 
 from ..operator_process import Operator, kube_json, stack_status, wait_for
 from ..upgrade.helpers import Sampler, merge_patch_stack
-from .helpers import NODE, gpu_status, one_real_node
+from .helpers import NODE, SECOND_NODE, gpu_status, real_nodes
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
@@ -30,25 +32,41 @@ STACK = "switching"
 NAMESPACE = "gpuforge-switching"
 DRIVER = "gpu.nvidia.com"
 GPUS = 2
+NODES = (NODE, SECOND_NODE)
+MAX_UNAVAILABLE = 1
+WORKLOAD = "gpu-sleeper"
+# States in which the operator is moving a node from one stack to the other.
+SWITCHING_STATES = ("drain-required", "wait-old-gone", "operand-restart-required", "validation-required")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    with one_real_node("realnode-switch", tmp_path_factory) as dev_cluster:
+    with real_nodes("realnode-switch", tmp_path_factory, len(NODES)) as dev_cluster:
         yield dev_cluster
 
 
-def slices(cluster: DevCluster) -> int:
+def slices(cluster: DevCluster, node: str = NODE) -> int:
     items: list[dict[str, Any]] = kube_json(cluster, "resourceslices.v1.resource.k8s.io")["items"]
-    return sum(1 for s in items if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE)
+    return sum(1 for s in items if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == node)
 
 
 def describe(cluster: DevCluster, operator: Operator) -> str:
-    pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
-    node = cluster.kubectl("get", "node", NODE, "--show-labels", check=False).stdout
-    return f"{pods}\n{node}\ncapacity/allocatable {gpu_status(cluster)}, slices {slices(cluster)}\n" + (
-        operator.log_tail()
-    )
+    pods = cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+    nodes = cluster.kubectl("get", "nodes", "--show-labels", check=False).stdout
+    figures = {node: (gpu_status(cluster, node), slices(cluster, node)) for node in NODES}
+    return f"{pods}\n{nodes}\n(capacity, allocatable), slices: {figures}\n" + operator.log_tail()
+
+
+def serves_through(cluster: DevCluster, node: str) -> str | None:
+    """The one stack the node offers its GPUs through, as the kubelet reports them; None for both or none."""
+    allocatable = gpu_status(cluster, node)[1]
+    device_plugin = allocatable == str(GPUS)
+    dra = slices(cluster, node) == 1
+    if device_plugin and not dra:
+        return "devicePlugin"
+    if dra and allocatable in (None, "0"):
+        return "dra"
+    return None
 
 
 def settled(cluster: DevCluster, mode: str) -> dict[str, Any] | None:
@@ -56,15 +74,64 @@ def settled(cluster: DevCluster, mode: str) -> dict[str, Any] | None:
     upgrade = status.get("upgrade") or {}
     if status.get("phase") != "Ready" or not upgrade.get("complete"):
         return None
-    allocatable = gpu_status(cluster)[1]
-    if mode == "dra":
-        return status if slices(cluster) == 1 and allocatable in (None, "0") else None
-    return status if slices(cluster) == 0 and allocatable == str(GPUS) else None
+    return status if all(serves_through(cluster, node) == mode for node in NODES) else None
 
 
-def test_a_real_node_switches_to_dra_and_back_without_serving_through_both(
-    cluster: DevCluster, operator: Operator
-) -> None:
+def assert_uncordoned(cluster: DevCluster) -> None:
+    cordoned = [n for n in NODES if kube_json(cluster, "node", n)["spec"].get("unschedulable")]
+    assert not cordoned, f"left cordoned: {cordoned}"
+
+
+def workload(image: str) -> dict[str, Any]:
+    """One long-running pod per real node, each holding one GPU through the device plugin."""
+    labels = {"app": WORKLOAD}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": WORKLOAD, "namespace": "default"},
+        "spec": {
+            "replicas": len(NODES),
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {realnodes.REAL_NODE_LABEL: "true"},
+                    "terminationGracePeriodSeconds": 1,
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": labels},
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "sleeper",
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            # The DRA plugin's image is the node images' one with a shell and sleep.
+                            "command": ["/bin/sleep", "86400"],
+                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def running_workload(cluster: DevCluster) -> list[str]:
+    pods: list[dict[str, Any]] = kube_json(cluster, "pods", "-n", "default", "-l", f"app={WORKLOAD}")["items"]
+    running = [
+        p["spec"].get("nodeName", "")
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+    return running if len(running) == len(NODES) else []
+
+
+def test_two_real_nodes_switch_to_dra_and_back_one_at_a_time(cluster: DevCluster, operator: Operator) -> None:
     stack = {
         "apiVersion": "gpuforge.io/v1alpha1",
         "kind": "GpuStack",
@@ -79,26 +146,34 @@ def test_a_real_node_switches_to_dra_and_back_without_serving_through_both(
                 "image": realnodes.DRA_PLUGIN_REPOSITORY,
                 "deviceClasses": [DRIVER],
             },
-            "upgradePolicy": {"maxUnavailable": 1},
+            "upgradePolicy": {"maxUnavailable": MAX_UNAVAILABLE},
         },
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(stack))
-    wait_for("the device plugin serving the real node", lambda: settled(cluster, "devicePlugin"),
+    wait_for("the device plugin serving both real nodes", lambda: settled(cluster, "devicePlugin"),
              timeout=300, describe=lambda: describe(cluster, operator))  # fmt: skip
+    sleeper_image = f"{realnodes.DRA_PLUGIN_REPOSITORY}:{realnodes.DRA_PLUGIN_RELEASES[0]}"
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(workload(sleeper_image)))
+    wait_for("the GPU workload running", lambda: running_workload(cluster), timeout=180,
+             describe=lambda: describe(cluster, operator))  # fmt: skip
 
-    with Sampler(cluster, {NODE}, 1, interval=0.2) as sampler:
+    with Sampler(cluster, set(NODES), MAX_UNAVAILABLE, interval=0.2) as sampler:
         merge_patch_stack(cluster, STACK, {"spec": {"mode": "dra"}})
-        wait_for("the real node on DRA", lambda: settled(cluster, "dra"), timeout=300,
+        wait_for("both real nodes on DRA", lambda: settled(cluster, "dra"), timeout=420,
                  describe=lambda: describe(cluster, operator))  # fmt: skip
         # The plugin that went away is still in capacity (kubelet's grace); the switch did not wait for it.
-        on_dra = gpu_status(cluster)
+        on_dra = [gpu_status(cluster, node) for node in NODES]
         merge_patch_stack(cluster, STACK, {"spec": {"mode": "devicePlugin"}})
-        wait_for("the real node back on the device plugin", lambda: settled(cluster, "devicePlugin"),
-                 timeout=300, describe=lambda: describe(cluster, operator))  # fmt: skip
+        wait_for("both real nodes back on the device plugin", lambda: settled(cluster, "devicePlugin"),
+                 timeout=420, describe=lambda: describe(cluster, operator))  # fmt: skip
     sampler.assert_kept()
-    assert on_dra[1] in (None, "0"), on_dra
-    node = kube_json(cluster, "node", NODE)
-    assert not node["spec"].get("unschedulable"), "the node was left cordoned"
+    assert sampler.peak_out_of_service == MAX_UNAVAILABLE, sampler.peak_out_of_service
+    assert all(allocatable in (None, "0") for _, allocatable in on_dra), on_dra
+    assert_uncordoned(cluster)
+    # The GPU pods the switch evicted are back, running on the device plugin's GPUs.
+    wait_for("the GPU workload running again", lambda: running_workload(cluster), timeout=180,
+             describe=lambda: describe(cluster, operator))  # fmt: skip
+    cluster.kubectl("delete", "deployment", WORKLOAD, "-n", "default")
 
 
 def test_a_kubelet_restarted_mid_switch_leaves_the_node_serving(
@@ -106,20 +181,20 @@ def test_a_kubelet_restarted_mid_switch_leaves_the_node_serving(
 ) -> None:
     """The kubelet restarts while the node waits for the device plugin to go: plugins register again,
     the switch completes, and no moment offers GPUs through both stacks."""
-    wait_for("the device plugin serving the real node", lambda: settled(cluster, "devicePlugin"),
+    wait_for("the device plugin serving the real nodes", lambda: settled(cluster, "devicePlugin"),
              timeout=300, describe=lambda: describe(cluster, operator))  # fmt: skip
 
     def mid_switch() -> str | None:
         state = kube_json(cluster, "node", NODE)["metadata"].get("labels", {}).get(NODE_STATE_LABEL)
         return state if state in ("wait-old-gone", "validation-required") else None
 
-    with Sampler(cluster, {NODE}, 1, interval=0.2) as sampler:
+    with Sampler(cluster, set(NODES), MAX_UNAVAILABLE, interval=0.2) as sampler:
         merge_patch_stack(cluster, STACK, {"spec": {"mode": "dra"}})
         wait_for("the real node mid-switch", mid_switch, timeout=300,
                  describe=lambda: describe(cluster, operator))  # fmt: skip
         host = realnodes.container_name(cluster.name, NODE)
         subprocess.run(["podman", "exec", host, "systemctl", "restart", "kubelet"], check=True)
-        wait_for("the real node on DRA after the kubelet restart", lambda: settled(cluster, "dra"),
+        wait_for("the real nodes on DRA after the kubelet restart", lambda: settled(cluster, "dra"),
                  timeout=300, describe=lambda: describe(cluster, operator))  # fmt: skip
     sampler.assert_kept()
-    assert not kube_json(cluster, "node", NODE)["spec"].get("unschedulable"), "the node was left cordoned"
+    assert_uncordoned(cluster)
