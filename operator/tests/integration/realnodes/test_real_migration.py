@@ -198,3 +198,56 @@ def test_a_kubelet_restarted_mid_switch_leaves_the_node_serving(
                  timeout=300, describe=lambda: describe(cluster, operator))  # fmt: skip
     sampler.assert_kept()
     assert_uncordoned(cluster)
+
+
+def plugin_pods_on(cluster: DevCluster, node: str, repository: str) -> list[str]:
+    """The names of the plugin pods on `node` running an image of `repository`, not being deleted."""
+    pods: list[dict[str, Any]] = kube_json(cluster, "pods", "-n", NAMESPACE)["items"]
+    return [
+        p["metadata"]["name"]
+        for p in pods
+        if p["spec"].get("nodeName") == node
+        and not p["metadata"].get("deletionTimestamp")
+        and any(c["image"].startswith(f"{repository}:") for c in p["spec"]["containers"])
+    ]
+
+
+def switch_killing_the_new_plugin(cluster: DevCluster, operator: Operator, mode: str) -> tuple[str, str]:
+    """Set the stack's mode and, on the first node the operator moves, delete the incoming stack's plugin
+    pod as soon as it exists there; wait for every node to serve through `mode`. Returns (node, its state
+    when the pod was deleted)."""
+    repository = realnodes.DRA_PLUGIN_REPOSITORY if mode == "dra" else realnodes.DEVICE_PLUGIN_REPOSITORY
+
+    def incoming_plugin() -> tuple[str, str, str] | None:
+        for item in kube_json(cluster, "nodes", "-l", f"{realnodes.REAL_NODE_LABEL}=true")["items"]:
+            state = item["metadata"].get("labels", {}).get(NODE_STATE_LABEL, "")
+            name = item["metadata"]["name"]
+            if state in SWITCHING_STATES:
+                pods = plugin_pods_on(cluster, name, repository)
+                if pods:
+                    return name, state, pods[0]
+        return None
+
+    merge_patch_stack(cluster, STACK, {"spec": {"mode": mode}})
+    node, state, pod = wait_for(f"a {mode} plugin pod on a switching node", incoming_plugin, timeout=300,
+                                interval=0.1, describe=lambda: describe(cluster, operator))  # fmt: skip
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, pod, "--wait=false")
+    wait_for(f"the real nodes on {mode} after the plugin pod's deletion", lambda: settled(cluster, mode),
+             timeout=420, describe=lambda: describe(cluster, operator))  # fmt: skip
+    return node, state
+
+
+def test_a_plugin_pod_deleted_mid_switch_leaves_each_node_on_one_stack(
+    cluster: DevCluster, operator: Operator
+) -> None:
+    """The incoming stack's plugin pod is deleted while the operator moves its node, once each way: its
+    DaemonSet starts it again, the operator finishes the switch, and every node ends serving through the
+    new stack alone, uncordoned, with no moment offering GPUs through both."""
+    wait_for("the real nodes on DRA", lambda: settled(cluster, "dra"), timeout=300,
+             describe=lambda: describe(cluster, operator))  # fmt: skip
+    with Sampler(cluster, set(NODES), MAX_UNAVAILABLE, interval=0.2) as sampler:
+        killed = [switch_killing_the_new_plugin(cluster, operator, mode) for mode in ("devicePlugin", "dra")]
+    sampler.assert_kept()
+    assert all(state in SWITCHING_STATES for _, state in killed), killed
+    assert all(serves_through(cluster, node) == "dra" for node in NODES)
+    assert_uncordoned(cluster)
