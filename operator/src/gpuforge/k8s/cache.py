@@ -21,8 +21,8 @@ from typing import Any
 from gpuforge.constants import DRA_DRIVER_GPU, GPU_RESOURCE
 from gpuforge.k8s.client import RESOURCE_GROUP, Kube, Obj
 from gpuforge.k8s.informer import HttpSource, Index, Informer, key_of, without_managed_fields
-from gpuforge.upgrade.convert import admission_facts
-from gpuforge.upgrade.planner import weighs_on_admission
+from gpuforge.upgrade.convert import admission_weight
+from gpuforge.upgrade.planner import Weight
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +129,12 @@ def node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _weighs(node: Mapping[str, Any]) -> str | None:
-    return WEIGHS if weighs_on_admission(admission_facts(node)) else None
-
-
-WEIGHS = "yes"
-# Nodes that the planner counts when it admits (see gpuforge.upgrade.planner.weighs_on_admission), kept
-# up to date with every change and our own writes, so freed slots are filled without converting every
-# node; pods and ResourceSlices by the node they are on, for quick steps on a few nodes.
-NODE_INDEXES: Mapping[str, Index] = {WEIGHS: _weighs}
+WEIGHS = "weighs"
+# Nodes that the planner counts when it admits, filed under their `Weight` (see
+# gpuforge.upgrade.planner.weight_of), kept up to date with every change and our own writes, so freed
+# slots are counted without reading, let alone converting, any node; pods and ResourceSlices by the node
+# they are on, for quick steps on a few nodes.
+NODE_INDEXES: Mapping[str, Index] = {WEIGHS: admission_weight}
 BY_NODE: Mapping[str, Index] = {NODE: lambda obj: node_of(POD, obj)}  # spec.nodeName
 
 
@@ -250,13 +247,17 @@ class ClusterCache:
             return [obj for name in nodes if (obj := informer.store.get(("", name))) is not None]
         return informer.store.indexed(NODE, nodes)
 
-    def weighing(self) -> list[Obj] | None:
-        """The Nodes the planner counts when it admits (cordoned, NotReady, held, in flight, failed);
-        None before the Nodes have synced."""
+    def weights(self) -> list[tuple[str, Weight]] | None:
+        """(Node name, weight) of each Node the planner counts when it admits (cordoned, NotReady, held,
+        in flight, failed), from the index alone; None before the Nodes have synced."""
         informer = self._informers.get(NODE)
         if informer is None or not informer.synced.is_set():
             return None
-        return informer.store.indexed(WEIGHS, [WEIGHS])
+        return [(key[1], w) for key, w in informer.store.filed(WEIGHS) if isinstance(w, Weight)]
+
+    def nodes_named(self, names: Collection[str]) -> list[Obj] | None:
+        """The Nodes named (those stored); None before the Nodes have synced."""
+        return self._on(NODE, names)
 
     def read(self, resource_api: str | None, nodes: Collection[str] | None = None) -> Cached:
         """The synced kinds' objects; with `nodes`, only those Nodes and the Pods and ResourceSlices on

@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
 from typing import Any, Protocol
 
 from gpuforge.k8s.transport import ApiError as ApiError
@@ -58,7 +58,9 @@ def without_managed_fields(obj: Obj) -> Obj:
     return obj
 
 
-Index = Callable[[Mapping[str, Any]], str | None]  # e.g. the node a pod is on; None: not indexed
+# The value an object is filed under, e.g. the node a pod is on, or a small summary of it (any hashable
+# value); None: not indexed.
+Index = Callable[[Mapping[str, Any]], Hashable | None]
 
 
 class Store:
@@ -78,7 +80,7 @@ class Store:
         self._deleted: dict[Key, str] = {}
         self._transform = transform
         self._indexes = dict(indexes or {})
-        self._by: dict[str, dict[str, dict[Key, Obj]]] = {name: {} for name in self._indexes}
+        self._by: dict[str, dict[Hashable, dict[Key, Obj]]] = {name: {} for name in self._indexes}
 
     def get(self, key: Key) -> Obj | None:
         return self._items.get(key)
@@ -87,11 +89,17 @@ class Store:
         with self._lock:
             return list(self._items.values())
 
-    def indexed(self, index: str, values: Iterable[str]) -> list[Obj]:
+    def indexed(self, index: str, values: Iterable[Hashable]) -> list[Obj]:
         """The objects whose value of `index` is one of `values`."""
         with self._lock:
             by = self._by[index]
             return [obj for value in values for obj in by.get(value, {}).values()]
+
+    def filed(self, index: str) -> list[tuple[Key, Hashable]]:
+        """Each indexed object's key and its value of `index`, without the objects: the index's
+        summary, kept up to date as objects change."""
+        with self._lock:
+            return [(key, value) for value, bucket in self._by[index].items() for key in bucket]
 
     def _put(self, key: Key, obj: Obj) -> None:
         """(Under the lock.)"""

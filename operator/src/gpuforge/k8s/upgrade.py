@@ -27,7 +27,7 @@ from gpuforge.api.gpustack import GpuStack, Mode
 from gpuforge.constants import STACK_LABEL
 from gpuforge.k8s.cache import NODE, POD, Cached, ClusterCache
 from gpuforge.k8s.client import ApiError, Kube, Obj
-from gpuforge.upgrade.convert import ConversionMemo, admission_facts, snapshot_from_objects
+from gpuforge.upgrade.convert import ConversionMemo, admission_weight, snapshot_from_objects
 from gpuforge.upgrade.model import (
     FAILURE_ANNOTATION,
     IN_FLIGHT_STATES,
@@ -41,7 +41,7 @@ from gpuforge.upgrade.model import (
     Snapshot,
     Transition,
 )
-from gpuforge.upgrade.planner import advance, weighs_on_admission
+from gpuforge.upgrade.planner import advance, count_weights
 from gpuforge.upgrade.planner import plan as plan_upgrade
 
 log = logging.getLogger(__name__)
@@ -428,9 +428,10 @@ class Stepper:
     `quick(names)`: the next step of each in-flight node among `names` (`gpuforge.upgrade.advance`), from
     the cache alone, queued at once: a node whose old plugin just went away gets the new one without a
     pass over the whole cluster. `fill()`: when nodes finish, their slots are filled as soon as their last
-    patch lands, by the plan's admissions over the nodes that weigh on admission (cordoned, NotReady, in
-    flight, failed) and the head of the last whole plan's queue (`planner.weighs_on_admission`): what the
-    whole plan would admit, without planning every node. maxUnavailable and maxParallel hold as in any
+    patch lands, by the plan's admissions over the head of the last whole plan's queue, with the slots
+    counted from the weights the cache's index keeps of the nodes that weigh on admission (cordoned,
+    NotReady, in flight, failed; `planner.weight_of`): what the whole plan would admit, planning only a
+    few waiting nodes however many are out. maxUnavailable and maxParallel hold as in any
     plan: our admissions still in flight count as landed, our uncordons only once they have landed.
     Slot filling runs one round at a time; rounds asked for meanwhile are merged into one.
     """
@@ -534,35 +535,33 @@ class Stepper:
             return
         mark = self.writer.mark()  # first: every write it counts as landed is in what is read next
         desired, policy = context.desired, context.policy
-        counted = self._cache.weighing()
-        if counted is None:
+        stored = self._cache.weights()
+        in_flight = self._cache.nodes_named(list(mark.in_flight))
+        if stored is None or in_flight is None:
             return
-        # Which nodes weigh: those the cache says (with our landed writes), and our admissions in flight.
-        names = {n["metadata"]["name"] for n in counted} | set(mark.in_flight)
-        view = _cached_view(self._cache, context, names)
-        if view is None:
-            return
-        weighing: set[str] = set()
-        unavailable = 0
-        for obj in overlaid(view.nodes, mark.in_flight):
-            facts = admission_facts(obj, self._fill_memo)
-            if facts.name in desired.selected and weighs_on_admission(facts):
-                weighing.add(facts.name)
-                unavailable += facts.unschedulable or not facts.ready
-        free = policy.max_unavailable.resolve(len(desired.selected)) - unavailable
+        # What weighs: the cache's index, except our writes in flight, which count as landed (see overlaid).
+        weights = [(name, w) for name, w in stored if name not in mark.in_flight]
+        for obj in overlaid(in_flight, mark.in_flight):
+            weight = admission_weight(obj)
+            if weight is not None:
+                weights.append((obj["metadata"]["name"], weight))
+        counts = count_weights(weights, desired.selected)
+        free = policy.max_unavailable.resolve(len(desired.selected)) - counts.unavailable
+        taken = {name for name, w in weights if w.in_progress or w.failed_on}  # started, or failed
         with self._fill_lock:
-            started = set(self._started)
-        head = [
-            n for n in context.queue if n not in weighing and n not in mark.in_flight and n not in started
-        ]
-        names = weighing | set(head[: max(0, free) + self.QUEUE_MARGIN])
+            taken |= set(self._started)
+        head = [n for n in context.queue if n not in taken and n not in mark.in_flight]
+        names = set(head[: max(0, free) + self.QUEUE_MARGIN])
+        if not names:
+            return
         view = _cached_view(self._cache, context, names)  # these nodes, their pods and slices
         if view is None:
             return
         snapshot = _snapshot(
             view, names, self._fill_memo, datetime.now(UTC), nodes=overlaid(view.nodes, mark.in_flight)
         )
-        plan = plan_upgrade(snapshot, desired, policy)
+        # The slots from the counts: only the head of the queue is planned, however many nodes are out.
+        plan = plan_upgrade(snapshot, desired, policy, counts)
         starts = [t for t in plan.transitions if t.node in plan.admitted]
         if starts:
             with self._fill_lock:  # before any can land

@@ -29,6 +29,7 @@ from gpuforge.upgrade.model import (
     WaitForCompletion,
     WorkloadPod,
 )
+from gpuforge.upgrade.planner import Weight, weight_of
 
 _T = TypeVar("_T")
 _MODE_OF_COMPONENT = {component: mode for mode, component in COMPONENTS.items()}
@@ -170,6 +171,19 @@ def admission_facts(node: Mapping[str, Any], memo: ConversionMemo | None = None)
         ready=base["ready"],
         unschedulable=base["unschedulable"],
     )
+
+
+def admission_weight(node: Mapping[str, Any]) -> Weight | None:
+    """A Node object's `Weight` on admission (None: it does not weigh), read in place: cheap enough to
+    run on every watch event of every Node."""
+    facts = GpuNode(
+        name=_get(node, "metadata", "name") or "",
+        labels=_labels(node),
+        annotations=_get(node, "metadata", "annotations") or {},
+        ready=_condition(node, "Ready"),
+        unschedulable=bool(_get(node, "spec", "unschedulable")),
+    )
+    return weight_of(facts)
 
 
 def _get(obj: Mapping[str, Any] | None, *path: str) -> Any:

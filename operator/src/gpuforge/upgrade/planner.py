@@ -25,7 +25,7 @@ wherever the node is, and the two deploy labels are never on together.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
@@ -894,6 +894,15 @@ class Slots:
     failed: tuple[str, ...]  # selected nodes failed on this target, sorted
 
     @classmethod
+    def of_counts(cls, ctx: PlanContext, counts: AdmissionCounts) -> Slots:
+        return cls(
+            max_unavailable=ctx.policy.max_unavailable.resolve(len(ctx.desired.selected)),
+            unavailable=counts.unavailable,
+            in_progress=counts.in_progress,
+            failed=tuple(name for target, name in counts.failed if target == ctx.fingerprint),
+        )
+
+    @classmethod
     def count(cls, ctx: PlanContext, selected: Iterable[GpuNode], failed: Iterable[str]) -> Slots:
         nodes = list(selected)
         return cls(
@@ -1000,12 +1009,16 @@ class _Collector:
         self.states[node.name] = step.state or NodeState.WAIT_FOR_JOBS_REQUIRED
 
 
-def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
+def plan(snapshot: Snapshot, desired: Desired, policy: Policy, counts: AdmissionCounts | None = None) -> Plan:
     """The transitions to make now, and what waits or is refused (naming the nodes).
 
     Stateless and idempotent; O(nodes + pods). Each node is classified on its own (`classify_node`);
     the candidates then get the free slots (`admit`). Transitions are ordered: nodes in flight and
     releases first (by node name), then waiting candidates and newly admitted nodes (by admission order).
+    With `counts` (every selected node that weighs on admission, counted elsewhere), the slots come from
+    them and not from the snapshot (whose nodes are not counted again), which then need hold only the
+    candidates to weigh: so freed slots are filled by planning a few waiting nodes, however many nodes
+    are out.
     """
     ctx = PlanContext(snapshot, desired, policy)
     nodes = sorted(snapshot.nodes, key=lambda n: n.name)
@@ -1030,7 +1043,7 @@ def plan(snapshot: Snapshot, desired: Desired, policy: Policy) -> Plan:
                 out.add(item.node, step)
 
     selected_nodes = [n for n in nodes if n.name in desired.selected]
-    slots = Slots.count(ctx, selected_nodes, out.failed)
+    slots = Slots.count(ctx, selected_nodes, out.failed) if counts is None else Slots.of_counts(ctx, counts)
     for admission in admit(policy, ctx.fingerprint, slots, candidates):
         if admission.queued:
             out.queue.append(admission.node.name)
@@ -1105,6 +1118,51 @@ def weighs_on_admission(node: GpuNode) -> bool:
         or node.state in IN_FLIGHT_STATES
         or node.state in FAILURE_STATES
     )
+
+
+class Weight(NamedTuple):
+    """What admission counts of one node that weighs on it (`weighs_on_admission`): small and hashable,
+    so the operator's cache keeps one per such node, updated as the node changes, instead of the node."""
+
+    unavailable: bool  # cordoned or NotReady
+    in_progress: bool  # held by us in flight
+    failed_on: str  # the target it failed on ("" when it has not failed)
+
+
+def weight_of(node: GpuNode) -> Weight | None:
+    """The node's `Weight`; None when it does not weigh on admission."""
+    if not weighs_on_admission(node):
+        return None
+    failed_on = node.annotations.get(FAILED_TARGET_ANNOTATION, "") if node.state in FAILURE_STATES else ""
+    return Weight(
+        unavailable=node.unschedulable or not node.ready,
+        in_progress=node.held_by_us and node.state in IN_FLIGHT_STATES,
+        failed_on=failed_on,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionCounts:
+    """The selected nodes that weigh on admission, counted: what `plan` needs of every node that is not
+    in its snapshot to admit as the whole snapshot would. Built from `Weight`s by `count_weights`."""
+
+    unavailable: int = 0
+    in_progress: int = 0
+    failed: tuple[tuple[str, str], ...] = ()  # (target failed on, node), sorted
+
+
+def count_weights(weights: Iterable[tuple[str, Weight]], selected: Collection[str]) -> AdmissionCounts:
+    """The counts of the (node name, weight) pairs whose node is in `selected`."""
+    unavailable = in_progress = 0
+    failed: list[tuple[str, str]] = []
+    for name, weight in weights:
+        if name not in selected:
+            continue
+        unavailable += weight.unavailable
+        in_progress += weight.in_progress
+        if weight.failed_on:
+            failed.append((weight.failed_on, name))
+    return AdmissionCounts(unavailable, in_progress, tuple(sorted(failed)))
 
 
 def _admit(ctx: PlanContext, node: GpuNode) -> _Step:

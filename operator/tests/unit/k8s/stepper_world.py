@@ -23,9 +23,10 @@ from gpuforge.constants import (
     NODE_STATE_LABEL,
     STACK_LABEL,
 )
-from gpuforge.k8s.cache import Cached, _weighs
-from gpuforge.upgrade.convert import snapshot_from_objects
+from gpuforge.k8s.cache import Cached
+from gpuforge.upgrade.convert import admission_weight, snapshot_from_objects
 from gpuforge.upgrade.model import Mode, Snapshot
+from gpuforge.upgrade.planner import Weight
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 VERSIONS = {Mode.DEVICE_PLUGIN: "v0.18.0", Mode.DRA: "v25.12.0"}
@@ -167,9 +168,13 @@ class Cluster:
 
             return Cached(on(self.nodes), on(self.pods), on(self.slices), [], {})
 
-    def weighing(self) -> list[dict[str, Any]]:
+    def weights(self) -> list[tuple[str, Weight]]:
         with self.lock:
-            return [o for o in self.nodes.values() if _weighs(o)]
+            return [(n, w) for n, o in self.nodes.items() if (w := admission_weight(o)) is not None]
+
+    def nodes_named(self, names: Collection[str]) -> list[dict[str, Any]]:
+        with self.lock:
+            return [self.nodes[n] for n in names if n in self.nodes]
 
     def offer(self, kind: str, obj: Any) -> None:
         pass  # read() always shows the truth

@@ -12,6 +12,7 @@ import pytest
 from gpuforge.k8s import quota
 from gpuforge.k8s.cache import NODE_INDEXES, WEIGHS, Relevance, node_fingerprint, pod_fingerprint
 from gpuforge.k8s.informer import ApiError, Informer, Store, key_of, newer, without_managed_fields
+from gpuforge.upgrade.planner import Weight
 
 
 def obj(name: str, rv: str, namespace: str = "", **extra: Any) -> dict[str, Any]:
@@ -104,16 +105,18 @@ def test_the_index_follows_every_change() -> None:
 
 
 def test_nodes_that_weigh_on_admission_are_indexed_with_our_own_writes() -> None:
-    """Freed slots are weighed on these nodes: an answer to our own cordon counts at once."""
+    """Freed slots are counted from these weights: an answer to our own cordon counts at once."""
     store = Store(indexes=NODE_INDEXES)
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    out = Weight(unavailable=True, in_progress=False, failed_on="")
     store.offer(obj("a", "1", spec={}, status=ready))
     store.offer(obj("b", "1", spec={}, status={}))  # NotReady
-    assert [key_of(o) for o in store.indexed(WEIGHS, [WEIGHS])] == [("", "b")]
+    assert store.filed(WEIGHS) == [(("", "b"), out)]
     store.offer(obj("a", "2", spec={"unschedulable": True}, status=ready))  # our cordon's answer
-    assert sorted(key_of(o)[1] for o in store.indexed(WEIGHS, [WEIGHS])) == ["a", "b"]
+    assert sorted(store.filed(WEIGHS)) == [(("", "a"), out), (("", "b"), out)]
     store.offer(obj("a", "3", spec={}, status=ready))
-    assert [key_of(o) for o in store.indexed(WEIGHS, [WEIGHS])] == [("", "b")]
+    assert store.filed(WEIGHS) == [(("", "b"), out)]
+    assert [key_of(o) for o in store.indexed(WEIGHS, [out])] == [("", "b")]
 
 
 def test_the_quota_module_reexports_the_one_informer() -> None:

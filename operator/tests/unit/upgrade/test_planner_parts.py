@@ -16,14 +16,18 @@ from gpuforge.upgrade.model import (
     RefusalReason,
 )
 from gpuforge.upgrade.planner import (
+    AdmissionCounts,
     Classified,
     NodeClass,
     PlanContext,
     Slots,
+    Weight,
     admission_order,
     admit,
     classify_node,
+    count_weights,
     start_hold,
+    weight_of,
 )
 
 S = NodeState
@@ -242,3 +246,79 @@ def test_halt_message_names_the_failed_nodes_and_the_target() -> None:
         got.hold[1]
         == f"1 node(s) failed on {TARGET}: f0; fix or relabel them (state upgrade-required) to go on"
     )
+
+
+FAILED_HERE = {FAILED_TARGET_ANNOTATION: TARGET}
+
+
+@pytest.mark.parametrize(
+    ("n", "weight"),
+    [
+        pytest.param(node(), None, id="schedulable-ready-not-held"),
+        pytest.param(node(state=S.UPGRADE_DONE), None, id="done"),
+        pytest.param(node(unschedulable=True), Weight(True, False, ""), id="someone-elses-cordon"),
+        pytest.param(node(ready=False), Weight(True, False, ""), id="not-ready"),
+        pytest.param(
+            node(state=S.DRAIN_REQUIRED, held=False, unschedulable=True),
+            Weight(True, True, ""),
+            id="in-flight-cordoned",
+        ),
+        pytest.param(
+            node(state=S.VALIDATION_REQUIRED, held=True, unschedulable=True),
+            Weight(True, True, ""),
+            id="in-flight-was-cordoned",
+        ),
+        pytest.param(
+            node(state=S.UPGRADE_FAILED, held=False, unschedulable=True, annotations=FAILED_HERE),
+            Weight(True, False, TARGET),
+            id="failed-held",
+        ),
+        pytest.param(
+            node(state=S.UPGRADE_FAILED, annotations=FAILED_HERE), Weight(False, False, TARGET), id="failed"
+        ),
+    ],
+)
+def test_weight_of(n: GpuNode, weight: Weight | None) -> None:
+    assert weight_of(n) == weight
+
+
+@pytest.mark.parametrize(
+    ("weights", "selected", "counts"),
+    [
+        pytest.param([], {"a"}, AdmissionCounts(), id="nothing-weighs"),
+        pytest.param(
+            [("a", Weight(True, True, "")), ("b", Weight(True, False, "")), ("c", Weight(False, False, "t"))],
+            {"a", "b", "c"},
+            AdmissionCounts(unavailable=2, in_progress=1, failed=(("t", "c"),)),
+            id="each-kind",
+        ),
+        pytest.param(
+            [("a", Weight(True, True, "")), ("x", Weight(True, False, "t"))],
+            {"a"},
+            AdmissionCounts(unavailable=1, in_progress=1),
+            id="unselected-nodes-not-counted",
+        ),
+        pytest.param(
+            [
+                ("b", Weight(False, False, "t2")),
+                ("a", Weight(False, False, "t1")),
+                ("c", Weight(True, False, "t1")),
+            ],
+            {"a", "b", "c"},
+            AdmissionCounts(unavailable=1, failed=(("t1", "a"), ("t1", "c"), ("t2", "b"))),
+            id="failures-by-target-sorted",
+        ),
+    ],
+)
+def test_count_weights(
+    weights: list[tuple[str, Weight]], selected: set[str], counts: AdmissionCounts
+) -> None:
+    assert count_weights(weights, selected) == counts
+
+
+def test_slots_of_counts_take_the_failures_on_this_target_only() -> None:
+    ctx = PlanContext(
+        snapshot(node("a")), desired(names=["a", "b", "c"]), Policy(max_unavailable=IntOrPercent(2))
+    )
+    counts = AdmissionCounts(1, 1, (("old-target", "b"), (ctx.fingerprint, "c")))
+    assert Slots.of_counts(ctx, counts) == Slots(2, 1, 1, ("c",))

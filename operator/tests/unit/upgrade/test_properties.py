@@ -48,7 +48,7 @@ from gpuforge.upgrade.model import (
     Transition,
     WaitForCompletion,
 )
-from gpuforge.upgrade.planner import weighs_on_admission
+from gpuforge.upgrade.planner import AdmissionCounts, count_weights, weighs_on_admission, weight_of
 
 DP, DRA = Mode.DEVICE_PLUGIN, Mode.DRA
 OLD = {DP: "v0.17.0", DRA: "v25.8.0"}
@@ -168,16 +168,37 @@ def check_replan(snapshot: Snapshot, want: Desired, policy: Policy, first: Plan)
         assert admissions(snapshot, want, policy, names) == tuple(
             t for t in first.transitions if t.node in first.admitted and t.node in names
         )
+        # The same from the counts of the nodes that weigh, planning only the head of the queue.
+        head_names = list(first.queue[:head])
+        assert counted_admissions(snapshot, want, policy, head_names) == tuple(
+            t for t in first.transitions if t.node in first.admitted and t.node in head_names
+        )
 
 
 def weighing(snapshot: Snapshot, want: Desired) -> set[str]:
     return {n.name for n in snapshot.nodes if n.name in want.selected and weighs_on_admission(n)}
 
 
-def admissions(snapshot: Snapshot, want: Desired, policy: Policy, names: set[str]) -> tuple[Transition, ...]:
-    """What the operator starts when slots free: the plan of just `names`, its admissions only."""
-    part = plan(replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in names)), want, policy)
+def admissions(
+    snapshot: Snapshot, want: Desired, policy: Policy, names: set[str], counts: AdmissionCounts | None = None
+) -> tuple[Transition, ...]:
+    """What the operator starts when slots free: the plan of just `names` (with the slots from `counts`,
+    if given), its admissions only."""
+    part = plan(
+        replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in names)), want, policy, counts
+    )
     return tuple(t for t in part.transitions if t.node in part.admitted)
+
+
+def counted_admissions(
+    snapshot: Snapshot, want: Desired, policy: Policy, head: list[str]
+) -> tuple[Transition, ...]:
+    """Slot filling as the operator does it: slots counted from every node's weight, only the head of the
+    queue (less the nodes started or failed) planned."""
+    weights = [(n.name, w) for n in snapshot.nodes if (w := weight_of(n)) is not None]
+    taken = {name for name, w in weights if w.in_progress or w.failed_on}
+    names = {n for n in head if n not in taken}
+    return admissions(snapshot, want, policy, names, count_weights(weights, want.selected))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -206,9 +227,12 @@ def test_rollouts_keep_the_invariants_and_converge(
         if round_ % 3 == 1:
             result = Plan(advance(snapshot, want, policy))
         elif round_ % 3 == 2:
-            head = set(queue[: random.Random(round_).randint(0, len(queue))])
-            names = weighing(snapshot, want) | head
-            result = Plan(advance(snapshot, want, policy) + admissions(snapshot, want, policy, names))
+            head = list(queue[: random.Random(round_).randint(0, len(queue))])
+            if round_ % 2:
+                filled = counted_admissions(snapshot, want, policy, head)
+            else:
+                filled = admissions(snapshot, want, policy, weighing(snapshot, want) | set(head))
+            result = Plan(advance(snapshot, want, policy) + filled)
         else:
             result, queue = full, full.queue
         crash_after = random.Random(round_).randint(0, len(result.transitions)) if round_ in crashes else None
