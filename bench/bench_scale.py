@@ -12,8 +12,9 @@ Per size:
 - the machine's load (1-minute average).
 Then a MODEL, a least-squares line through the measured sizes (a fit, not a measurement): the operator's
 total CPU, requests and peak memory as a + b * nodes, extrapolated to 20,000 nodes.
+- `gpuforge status` and `gpuforge plan` once the migration is done: wall time and their own CPU-seconds.
 Targets at 5,000 nodes: under 1 s of operator CPU per 100 nodes, under 8 requests per node, under 400 MiB
-peak, 0 double advertisement.
+peak, 0 double advertisement, `status` and `plan` answering in under 2 s.
 
 Each size's figures are written to the --out file as soon as it is measured (a later size that fails
 leaves the earlier ones).
@@ -38,6 +39,7 @@ TARGET_NODES = 5_000
 TARGET_CPU_PER_100 = 1.0
 TARGET_REQUESTS = 8.0
 TARGET_PEAK_MIB = 400.0
+TARGET_CLI_SECONDS = 2.0
 
 
 def figures(nodes: int, measured: dict[str, Any]) -> dict[str, float]:
@@ -59,6 +61,11 @@ def figures(nodes: int, measured: dict[str, Any]) -> dict[str, float]:
         "violations": measured["violations"],
         "load": round(measured["load"], 1),
         **{f"peak_mib {name}": mib for name, mib in measured["control_plane"].items()},
+        **{
+            f"{command}_{what}_seconds": round(value, 2)
+            for command, timing in measured.get("cli", {}).items()
+            for what, value in timing.items()
+        },
     }
 
 
@@ -123,6 +130,17 @@ def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
             },
             {"name": f"{n} nodes: machine load (1-minute average)", "value": m["load"], "unit": ""},
         ]
+        for command in ("status", "plan"):
+            if f"{command}_wall_seconds" in m:  # sizes measured before the CLI was timed have none
+                rows.append(
+                    {
+                        "name": f"{n} nodes: gpuforge {command} (wall, after the migration)",
+                        "value": m[f"{command}_wall_seconds"],
+                        "unit": "s",
+                        **checked(m[f"{command}_wall_seconds"], TARGET_CLI_SECONDS),
+                        "note": f"{m[f'{command}_cpu_seconds']} CPU-s",
+                    }
+                )
     if len(measured) >= 2:
         xs = [m["nodes"] for m in measured]
         cpu = fit(xs, [m["operator_cpu_seconds"] for m in measured])
@@ -148,6 +166,18 @@ def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
                 "note": f"peak = {peak[0]:.0f} MiB + {1024 * peak[1]:.1f} KiB x nodes",
             },
         ]
+        for command in ("status", "plan"):
+            timed = [m for m in measured if f"{command}_wall_seconds" in m]
+            if len(timed) >= 2:
+                line = fit([m["nodes"] for m in timed], [m[f"{command}_wall_seconds"] for m in timed])
+                rows.append(
+                    {
+                        "name": f"MODEL (least-squares fit, not measured): gpuforge {command} at {MODEL_AT}",
+                        "value": round(line[0] + line[1] * MODEL_AT, 1),
+                        "unit": "s",
+                        "note": f"wall = {line[0]:.2f} s + {1000 * line[1]:.3f} ms x nodes",
+                    }
+                )
     return rows
 
 

@@ -166,6 +166,23 @@ def _done(cluster: DevCluster, nodes: int, mode: str) -> bool:
     )
 
 
+def cli_timing(cluster: DevCluster, command: str) -> dict[str, float]:
+    """`gpuforge <command>` (status or plan) as a user runs it against the cluster: its wall time and its
+    own CPU-seconds (user + system of the process)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuforge", command, "-o", "json", "--kubeconfig", str(cluster.kubeconfig)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.monotonic() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        error = process.stderr.read().decode() if process.stderr else ""
+        raise RuntimeError(f"gpuforge {command} failed: {error}")
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime}
+
+
 def measure(
     nodes: int, log: Path | None = None, profile: Path | None = None
 ) -> dict[str, Any]:
@@ -227,6 +244,7 @@ def measure(
             log.with_suffix(".metrics").write_text(process.metrics())
         peak = peak_rss_mib(process.pid)
         violations = len(cluster.violations())
+        cli = {command: cli_timing(cluster, command) for command in ("status", "plan")}
         control_plane = control_plane_peaks_mib(cluster)
     return {
         "before": before,
@@ -238,6 +256,7 @@ def measure(
         "violations": violations,
         "up": timings["up"],
         "control_plane": control_plane,
+        "cli": cli,
     }
 
 
