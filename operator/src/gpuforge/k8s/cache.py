@@ -50,6 +50,31 @@ def _trim_pod(pod: Obj) -> Obj:
     return pod
 
 
+def trim_node(node: Obj) -> Obj:
+    """What is read of a Node (the planner's conversion, `client.node_facts`, `node_fingerprint`): its
+    metadata and spec, the Ready condition, the kubelet's version, capacity and allocatable. The rest of
+    its status (images, addresses, the other conditions with their messages) is most of what a stored
+    Node weighs, times every node of the cluster."""
+    node = without_managed_fields(node)
+    status = node.get("status")
+    if not isinstance(status, dict):
+        return node
+    kept: dict[str, Any] = {
+        key: status[key] for key in ("capacity", "allocatable") if isinstance(status.get(key), dict)
+    }
+    ready = [
+        {"type": "Ready", "status": c.get("status")}
+        for c in status.get("conditions") or ()
+        if isinstance(c, dict) and c.get("type") == "Ready"
+    ]
+    if ready:
+        kept["conditions"] = ready
+    version = (status.get("nodeInfo") or {}).get("kubeletVersion")
+    if version is not None:
+        kept["nodeInfo"] = {"kubeletVersion": version}
+    return {**node, "status": kept}
+
+
 def _condition_status(obj: Mapping[str, Any], kind: str) -> str:
     for condition in (obj.get("status") or {}).get("conditions") or ():
         if condition.get("type") == kind:
@@ -105,13 +130,15 @@ class Relevance:
 
     def __init__(self, fingerprint: Callable[[Mapping[str, Any]], tuple[Any, ...]]) -> None:
         self._fingerprint = fingerprint
-        self._seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+        # The fingerprint's hash, not the fingerprint: one small int per object of the cluster instead of
+        # its labels and annotations again (a collision would only skip one event's wake-up).
+        self._seen: dict[tuple[str, str], int] = {}
 
     def __call__(self, event_type: str, obj: Mapping[str, Any]) -> bool:
         key = key_of(obj)
         if event_type == "DELETED":
             return self._seen.pop(key, None) is not None
-        fingerprint = self._fingerprint(obj)
+        fingerprint = hash(self._fingerprint(obj))
         if self._seen.get(key) == fingerprint:
             return False
         self._seen[key] = fingerprint
@@ -172,7 +199,7 @@ class ClusterCache:
         self._source = HttpSource(
             self._kube.transport, _resource_paths(None), on_request=self._kube.count_request
         )
-        self._run(NODE, Informer(self._source, NODE, transform=without_managed_fields, indexes=NODE_INDEXES))
+        self._run(NODE, Informer(self._source, NODE, transform=trim_node, indexes=NODE_INDEXES))
         self._run(
             POD,
             Informer(self._source, POD, field_selector=POD_FIELDS, transform=_trim_pod, indexes=BY_NODE),

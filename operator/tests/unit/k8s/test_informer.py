@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from gpuforge.k8s import quota
-from gpuforge.k8s.cache import NODE_INDEXES, WEIGHS, Relevance, node_fingerprint, pod_fingerprint
+from gpuforge.k8s.cache import (
+    NODE_INDEXES,
+    WEIGHS,
+    Relevance,
+    node_fingerprint,
+    pod_fingerprint,
+    trim_node,
+)
+from gpuforge.k8s.client import node_facts
 from gpuforge.k8s.informer import ApiError, Informer, Store, key_of, newer, without_managed_fields
+from gpuforge.upgrade.convert import snapshot_from_objects
 from gpuforge.upgrade.planner import Weight
 
 
@@ -271,3 +281,34 @@ async def test_a_kind_not_served_is_listed_again_after_a_back_off_not_at_once() 
         assert informer.lists == 2 and informer.get("a") is not None
     finally:
         task.cancel()
+
+
+def test_a_trimmed_node_reads_as_the_whole_node() -> None:
+    """The Node cache keeps only what is read: every reading of it is unchanged."""
+    whole = {
+        "metadata": {
+            "name": "n1",
+            "resourceVersion": "7",
+            "labels": {"nvidia.com/gpu.count": "2"},
+            "annotations": {"a": "b"},
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {"unschedulable": True},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "message": "kubelet has sufficient memory"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": "t"},
+            ],
+            "nodeInfo": {"kubeletVersion": "v1.36.5", "osImage": "kwok", "machineID": "x"},
+            "capacity": {"cpu": "32", "nvidia.com/gpu": "2"},
+            "allocatable": {"cpu": "32", "nvidia.com/gpu": "2"},
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+            "images": [{"names": ["registry/image:tag"], "sizeBytes": 1}],
+        },
+    }
+    trimmed = trim_node(whole)
+    assert "images" not in trimmed["status"] and "managedFields" not in trimmed["metadata"]
+    assert node_fingerprint(trimmed) == node_fingerprint(whole)
+    assert node_facts(trimmed, {}) == node_facts(whole, {})
+    now = datetime.now(UTC)
+    assert snapshot_from_objects([trimmed], [], now=now) == snapshot_from_objects([whole], [], now=now)
