@@ -77,9 +77,12 @@ class ConversionMemo:
 
 
 def _node_base(node: Mapping[str, Any]) -> dict[str, Any]:
+    # Labels and annotations are the Node's own dicts, not copies: nothing changes a converted node in
+    # place, and the watch-fed cache replaces an object on change, so sharing them costs no memory per
+    # snapshot and per memo (a copy of each for every node of the cluster).
     return {
-        "labels": dict(_labels(node)),
-        "annotations": dict(_get(node, "metadata", "annotations") or {}),
+        "labels": _labels(node),
+        "annotations": _get(node, "metadata", "annotations") or {},
         "kubelet_version": _get(node, "status", "nodeInfo", "kubeletVersion") or "",
         "ready": _condition(node, "Ready"),
         "unschedulable": bool(_get(node, "spec", "unschedulable")),
@@ -142,8 +145,8 @@ def snapshot_from_objects(
         gpu_nodes.append(
             GpuNode(
                 name=name,
-                labels=dict(base["labels"]),
-                annotations=dict(base["annotations"]),
+                labels=base["labels"],
+                annotations=base["annotations"],
                 kubelet_version=base["kubelet_version"],
                 ready=base["ready"],
                 unschedulable=base["unschedulable"],
@@ -252,7 +255,7 @@ def _workload(pod: Mapping[str, Any], claim_holders: set[str]) -> WorkloadPod:
     annotations = _get(pod, "metadata", "annotations") or {}
     return WorkloadPod(
         ref=_ref(pod),
-        labels=dict(_labels(pod)),
+        labels=_labels(pod),
         uses_gpu=requests_gpu or holds_claim,
         holds_claim=holds_claim,
         daemonset=any(o.get("kind") == "DaemonSet" for o in owners) or _MIRROR_ANNOTATION in annotations,
