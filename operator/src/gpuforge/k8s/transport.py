@@ -22,10 +22,11 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-import aiohttp
+if TYPE_CHECKING:  # imported where used: the CLI's synchronous requests need not load it (0.3 s)
+    import aiohttp
 
 Obj = dict[str, Any]
 
@@ -190,6 +191,8 @@ class ApiTransport:
     # --- on an event loop ----------------------------------------------------------------------------
 
     def session(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 base_url=self.credentials.server.rstrip("/") + "/",
@@ -247,6 +250,8 @@ class ApiTransport:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
+        import aiohttp
+
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
         async with self.session().get(
             path.lstrip("/"), params=params, headers=self.credentials.authorization(), timeout=timeout
