@@ -248,9 +248,7 @@ exec /{REAL_CTK} "$@"
 
 
 def toolkit_packages(upstream: str, real_ctk: Path | None = None) -> list[Package]:
-    runtime = (
-        '#!/bin/sh\n# nvidia-container-runtime (gpuforge imitation): hands over to runc.\nexec runc "$@"\n'
-    )
+    runtime = _stub("nvidia-container-runtime")
     cli = "#!/bin/sh\necho 'nvidia-container-cli (gpuforge imitation): SIMULATED GPUs only' >&2\nexit 1\n"
     packages = family(
         f"{upstream}-1",

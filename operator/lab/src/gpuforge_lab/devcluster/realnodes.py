@@ -56,6 +56,9 @@ DRA_PLUGIN_RELEASES = ("v25.12.0", "v0.4.0")
 HOST_DRIVER_VERSION = "580.95.05"
 HOST_CUDA_VERSION = "13.0"
 NVIDIA_SMI_STUB = LAB_SCRIPT.parent / "stubs" / "nvidia-smi"
+# The imitation toolkit's nvidia-container-runtime (runc, giving a container that asks for GPUs through
+# NVIDIA_VISIBLE_DEVICES the simulated driver): the file the imitation toolkit package installs too.
+NVIDIA_RUNTIME_STUB = LAB_SCRIPT.parent / "stubs" / "nvidia-container-runtime"
 # The machine's iptables rules a node adds carry this comment prefix, so removing the node finds them.
 RULE_COMMENT_PREFIX = "gpuforge-node:"
 # The pretend device plugin is also tagged as each NVIDIA release, so the operator's rendered DaemonSet
@@ -386,35 +389,6 @@ def machine_address() -> str:
     return address
 
 
-# The lab's nvidia-container-runtime: runc, after giving a container that asks for GPUs through
-# NVIDIA_VISIBLE_DEVICES (as NVIDIA's runtime reads it, legacy mode) the host's pretend driver: the hardware
-# file stands in for libnvidia-ml and the device nodes that nvidia-container-cli would mount.
-NVIDIA_RUNTIME = """#!/usr/bin/python3
-import json, os, sys
-
-args = sys.argv[1:]
-if "create" in args:
-    bundle = "."
-    for index, arg in enumerate(args):
-        if arg == "--bundle" or arg == "-b":
-            bundle = args[index + 1]
-        elif arg.startswith("--bundle="):
-            bundle = arg.split("=", 1)[1]
-    path = os.path.join(bundle, "config.json")
-    with open(path) as stream:
-        spec = json.load(stream)
-    env = dict(e.split("=", 1) for e in spec.get("process", {}).get("env", []) if "=" in e)
-    if env.get("NVIDIA_VISIBLE_DEVICES", "") not in ("", "void", "none"):
-        spec.setdefault("mounts", []).append({
-            "destination": "/var/lib/gpuforge-sim", "type": "bind", "source": "/var/lib/gpuforge-sim",
-            "options": ["rbind", "ro", "nosuid", "nodev"],
-        })
-        with open(path + ".tmp", "w") as stream:
-            json.dump(spec, stream)
-        os.rename(path + ".tmp", path)
-os.execv("/usr/sbin/runc", ["runc", *args])
-"""
-
 KUBELET_UNIT = """[Unit]
 Description=kubelet of a gpuforge real node
 After=containerd.service
@@ -484,7 +458,7 @@ def start_nodes(
             "kubelet.service": KUBELET_UNIT.format(
                 name=node.name, address=address, labels=f"{REAL_NODE_LABEL}=true"
             ),
-            "nvidia-container-runtime": NVIDIA_RUNTIME,
+            "nvidia-container-runtime": NVIDIA_RUNTIME_STUB.read_text(),
         }
         for file_name, content in files.items():
             (config_dir / file_name).write_text(content)
