@@ -268,7 +268,10 @@ def _real_ctk() -> dict[str, Path]:
     return {real_ctk.VERSION: binary} if binary else {}
 
 
-def _start_repo_server(state: Path) -> int:
+def start_repo_server(state: Path) -> int:
+    """Build the imitation repositories under `state` (once) and serve them on a loopback port (returned).
+
+    Also how the local control plane bootstraps its real nodes with the collection's playbooks."""
     repo = state / "repo"
     if not (repo / imitation_repo.STAMP).is_file():
         imitation_repo.build(repo, kernel_release=os.uname().release, real_ctk=_real_ctk())
@@ -287,6 +290,21 @@ def _start_repo_server(state: Path) -> int:
             return port
         time.sleep(0.1)
     raise SystemExit("lab: the repository server did not start")
+
+
+def stop_repo_server(state: Path) -> None:
+    pid_file = state / "repo-server.pid"
+    if pid_file.is_file():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def repository_vars(repo_url: str) -> dict[str, str]:
+    """The roles' variables that point them at the imitation repositories served at `repo_url`."""
+    return {
+        "nvidia_driver_repo_base_url": f"{repo_url}/compute/cuda/repos",
+        "nvidia_container_toolkit_repo_base_url": f"{repo_url}/libnvidia-container",
+    }
 
 
 def run_systemd_host(
@@ -399,7 +417,7 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
     images = {spec.os: build_image(spec.os) for spec in specs}
     (state / "ssh").mkdir()
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(state / "ssh/id_ed25519")])
-    repo_port = _start_repo_server(state)
+    repo_port = start_repo_server(state)
     distro_sources = state / "distro.sources"
     distro_sources.write_text(imitation_repo.distro_sources(state / "repo", f"http://127.0.0.1:{repo_port}"))
     hosts = [_start_host(lab, state, spec, images[spec.os]) for spec in specs]
@@ -410,10 +428,7 @@ def up(lab: str, specs: list[HostSpec]) -> dict[str, object]:
                 f"lab: sshd of {host.name} did not come up (podman logs {host.container}){_inotify_hint()}"
             )
     repo_url = f"http://127.0.0.1:{repo_port}"
-    lab_vars = {
-        "nvidia_driver_repo_base_url": f"{repo_url}/compute/cuda/repos",
-        "nvidia_container_toolkit_repo_base_url": f"{repo_url}/libnvidia-container",
-    }
+    lab_vars = repository_vars(repo_url)
     inventory = {
         "all": {
             "children": {
@@ -466,10 +481,7 @@ def down(lab: str) -> None:
     """Remove the lab's containers and stop its repository server; idempotent."""
     remove_containers(f"{LAB_LABEL}={LAB_PREFIX}{lab}")
     state = lab_state(lab)
-    pid_file = state / "repo-server.pid"
-    if pid_file.is_file():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    stop_repo_server(state)
     shutil.rmtree(state, ignore_errors=True)
 
 
