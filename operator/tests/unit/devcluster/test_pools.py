@@ -49,11 +49,20 @@ def test_pool_file_parses_with_defaults() -> None:
         ({"pools": [{"name": "a", "kubeletVersion": "1.34"}]}, "v1.34.2"),
         ({"pools": [{"name": "a", "gpu": {"colour": "green"}}]}, "unknown keys"),
         ({"pools": [{"name": "a"}, {"name": "a"}]}, "unique"),
+        ({"pools": [{"name": "a", "real": True, "bootstrap": "x.yml"}]}, r"pools\[0\].bootstrap must name"),
+        ({"pools": [{"name": "a", "bootstrap": "site.yml"}]}, r"pools\[0\].bootstrap needs real: true"),
     ],
 )
 def test_bad_pool_files_name_the_field(document: dict[str, Any], message: str) -> None:
     with pytest.raises(PoolError, match=message):
         parse_pools(document)
+
+
+def test_a_real_pool_may_be_bootstrapped_by_the_site_playbook() -> None:
+    [bootstrapped, plain] = parse_pools(
+        {"pools": [{"name": "a", "real": True, "bootstrap": "site.yml"}, {"name": "b", "real": True}]}
+    )
+    assert (bootstrapped.bootstrap, plain.bootstrap) == ("site.yml", None)
 
 
 def test_gpu_labels_match_nfd_and_gfd_keys() -> None:

@@ -79,6 +79,27 @@ def test_containerd_honours_cdi_and_never_pulls_the_sandbox() -> None:
     assert "enable_cdi = true" in text
 
 
+def test_a_host_to_bootstrap_starts_without_the_nvidia_runtime() -> None:
+    """The toolkit role adds it in a drop-in; the main file keeps CDI and the sandbox image."""
+    lab = realnodes.containerd_config("p", nvidia_runtime=True)
+    plain = realnodes.containerd_config("p", nvidia_runtime=False)
+    assert "runtimes.nvidia" in lab and "runtimes.nvidia" not in plain
+    assert "enable_cdi = true" in plain and "imports" not in plain
+
+
+def test_bootstrap_inventory_reaches_hosts_through_podman_and_the_imitation_repositories() -> None:
+    node = realnodes.RealNode("real-0", "gpuforge-node-c-real-0", 20250, 20248, ("l4",), bootstrap="site.yml")
+    inventory = realnodes.bootstrap_inventory([node], "http://127.0.0.1:8000")["all"]
+    assert inventory["children"]["gpu_nodes"]["hosts"] == {
+        "real-0": {"ansible_host": "gpuforge-node-c-real-0", "ansible_connection": "containers.podman.podman"}
+    }
+    assert inventory["vars"]["nvidia_driver_repo_base_url"] == "http://127.0.0.1:8000/compute/cuda/repos"
+    assert (
+        inventory["vars"]["nvidia_container_toolkit_repo_base_url"]
+        == "http://127.0.0.1:8000/libnvidia-container"
+    )
+
+
 def test_cni_bridge_is_the_pods_gateway_without_masquerade() -> None:
     config = realnodes.cni_config("gpuforge-node-a-real-0", "10.244.100.0/24")
     bridge = config["plugins"][0]

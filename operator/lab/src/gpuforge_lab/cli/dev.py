@@ -27,7 +27,7 @@ from gpuforge_lab.devcluster.cluster import (
     list_clusters,
 )
 from gpuforge_lab.devcluster.helm import ensure_helm
-from gpuforge_lab.devcluster.pools import Pool, PoolError, load_pools, uniform_pools
+from gpuforge_lab.devcluster.pools import BOOTSTRAP_PLAYBOOKS, Pool, PoolError, load_pools, uniform_pools
 from gpuforge_lab.devcluster.profiles import DEFAULT_PROFILE, SUPPORTED_MINORS, ProfileError, parse_profile
 from gpuforge_lab.devcluster.realnodes import (
     RealNodeError,
@@ -153,10 +153,25 @@ _name_option = click.option("--name", default="default", show_default=True, help
     default=0,
     help="Also boot N real kubelet nodes (lab hosts under rootful podman) with pretend GPUs.",
 )
-def up(name: str, api_profile: str, nodes: int | None, pools_file: Path | None, real_nodes: int) -> None:
+@click.option(
+    "--real-nodes-bootstrap",
+    type=click.Choice(BOOTSTRAP_PLAYBOOKS),
+    help="Run this playbook of the collection on the --real-nodes hosts before they join "
+    "(driver, toolkit and containerd's nvidia runtime from the roles).",
+)
+def up(
+    name: str,
+    api_profile: str,
+    nodes: int | None,
+    pools_file: Path | None,
+    real_nodes: int,
+    real_nodes_bootstrap: str | None,
+) -> None:
     """Start a cluster and print its kubeconfig path when every part is healthy."""
     if nodes is not None and pools_file is not None:
         raise click.UsageError("--nodes and --pools exclude each other")
+    if real_nodes_bootstrap and not real_nodes:
+        raise click.UsageError("--real-nodes-bootstrap needs --real-nodes N")
     try:
         pools = load_pools(pools_file) if pools_file else uniform_pools(4 if nodes is None else nodes)
     except PoolError as error:
@@ -165,7 +180,7 @@ def up(name: str, api_profile: str, nodes: int | None, pools_file: Path | None, 
     if real_nodes:
         if any(pool.name == "real" for pool in pools):
             raise click.UsageError("--real-nodes adds a pool named 'real'; the pools file has one already")
-        pools = [*pools, Pool("real", real_nodes, real=True)]
+        pools = [*pools, Pool("real", real_nodes, real=True, bootstrap=real_nodes_bootstrap)]
     dev_cluster = DevCluster(name)
     try:
         seconds = dev_cluster.up(api_profile, pools, console=err)

@@ -645,6 +645,7 @@ class DevCluster:
                 kubelet_port=next(ports),
                 healthz_port=next(ports),
                 gpus=lab_gpu_models(pool.gpu),
+                bootstrap=pool.bootstrap,
             )
             for pool in pools
             for name in pool.node_names()

@@ -31,6 +31,8 @@ SIM_HEALTH_ANNOTATION = "sim.gpuforge.io/health"
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _KUBELET_VERSION = re.compile(r"^v1\.\d+\.\d+$")
+# The collection's playbooks a real pool may bootstrap its hosts with (`bootstrap:` of a pools file).
+BOOTSTRAP_PLAYBOOKS = ("site.yml",)
 
 
 class PoolError(ValueError):
@@ -112,6 +114,9 @@ class Pool:
     pods: str = "110"
     # A real kubelet node (a lab host with containerd) instead of a kwok one; always the cluster's release.
     real: bool = False
+    # A playbook of the collection (playbooks/<name>) run on a real pool's hosts before their kubelets join,
+    # so their containerd, driver and CDI spec are the roles' instead of the lab's own.
+    bootstrap: str | None = None
     # What the plugins find on the node beyond their pod spec (read by the simulated agent's judge).
     nvidia_default_runtime: bool = False
     mig_enabled: bool = False
@@ -182,6 +187,15 @@ def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
             raise PoolError(
                 f"{where}.kubeletVersion cannot be set on a real pool: its kubelet is the cluster's"
             )
+        bootstrap = raw.get("bootstrap")
+        if bootstrap is not None:
+            if bootstrap not in BOOTSTRAP_PLAYBOOKS:
+                raise PoolError(
+                    f"{where}.bootstrap must name a playbook of the collection "
+                    f"({', '.join(BOOTSTRAP_PLAYBOOKS)}), got {bootstrap!r}"
+                )
+            if not real:
+                raise PoolError(f"{where}.bootstrap needs real: true (kwok nodes have no host to bootstrap)")
         taints = tuple(
             Taint(key=t["key"], effect=t["effect"], value=str(t.get("value", "")))
             for t in raw.get("taints", [])
@@ -213,6 +227,7 @@ def parse_pools(document: Mapping[str, Any]) -> list[Pool]:
                 memory=str(raw.get("memory", "512Gi")),
                 pods=str(raw.get("pods", "110")),
                 real=real,
+                bootstrap=bootstrap,
                 nvidia_default_runtime=runtime_facts["nvidiaDefaultRuntime"],
                 mig_enabled=runtime_facts["migEnabled"],
             )

@@ -59,6 +59,10 @@ NVIDIA_SMI_STUB = LAB_SCRIPT.parent / "stubs" / "nvidia-smi"
 # The imitation toolkit's nvidia-container-runtime (runc, giving a container that asks for GPUs through
 # NVIDIA_VISIBLE_DEVICES the simulated driver): the file the imitation toolkit package installs too.
 NVIDIA_RUNTIME_STUB = LAB_SCRIPT.parent / "stubs" / "nvidia-container-runtime"
+# Where the collection's playbooks are, for a pool bootstrapped with one (Pool.bootstrap).
+COLLECTION_ROOT = LAB_SCRIPT.parents[2]
+# How long a bootstrap playbook may take: about two minutes on an idle machine (driver, toolkit, NFD).
+BOOTSTRAP_TIMEOUT_SECONDS = 1200.0
 # The machine's iptables rules a node adds carry this comment prefix, so removing the node finds them.
 RULE_COMMENT_PREFIX = "gpuforge-node:"
 # The pretend device plugin is also tagged as each NVIDIA release, so the operator's rendered DaemonSet
@@ -88,6 +92,9 @@ class RealNode:
     kubelet_port: int
     healthz_port: int
     gpus: tuple[str, ...]
+    # The collection's playbook (playbooks/<name>) run on the host before its kubelet starts; None: the
+    # host gets the lab's own containerd configuration, nvidia-smi and runtime.
+    bootstrap: str | None = None
 
 
 def _lab() -> ModuleType:
@@ -272,7 +279,16 @@ def kubelet_config(node: RealNode, address: str) -> dict[str, Any]:
     }
 
 
-def containerd_config(sandbox_image: str) -> str:
+def containerd_config(sandbox_image: str, nvidia_runtime: bool = True) -> str:
+    """containerd's main configuration; without `nvidia_runtime`, what a host has before the
+    nvidia_container_toolkit role adds its drop-in (the role writes the nvidia runtime there)."""
+    nvidia = """    # What gpuforge's nvidia_container_toolkit role adds (`nvidia-ctk runtime configure`, not
+    # the default): a runtime named nvidia, here the lab's stand-in for nvidia-container-runtime.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+        BinaryName = "/usr/local/bin/nvidia-container-runtime"
+"""
     return f"""version = 2
 
 [plugins."io.containerd.grpc.v1.cri"]
@@ -291,13 +307,7 @@ def containerd_config(sandbox_image: str) -> str:
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-    # What gpuforge's nvidia_container_toolkit role adds (`nvidia-ctk runtime configure`, not the
-    # default): a runtime named nvidia, here the lab's stand-in for nvidia-container-runtime.
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
-        BinaryName = "/usr/local/bin/nvidia-container-runtime"
-  [plugins."io.containerd.grpc.v1.cri".cni]
+{nvidia if nvidia_runtime else ""}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/etc/cni/net.d"
 """
@@ -450,7 +460,7 @@ def start_nodes(
         files = {
             "kubelet.kubeconfig": pki.kubeconfig(pki_dir, identity, server, "local"),
             "kubelet.yaml": yaml.safe_dump(kubelet_config(node, address)),
-            "containerd.toml": containerd_config(sandbox_image),
+            "containerd.toml": containerd_config(sandbox_image, nvidia_runtime=node.bootstrap is None),
             "10-gpuforge.conflist": json.dumps(
                 cni_config(node.container, free_subnet(node.container, subnets))
             ),
@@ -471,6 +481,13 @@ def start_nodes(
         lab.write_hardware(lab.HostSpec(name=node.name, gpus=list(node.gpus)), hardware)
         for directory in ("containerd", "kubelet"):
             (node_dir / directory).mkdir(exist_ok=True)
+        # A bootstrapped host gets these from the roles' packages and edits (the driver's nvidia-smi, the
+        # toolkit's runtime, an `imports` line in config.toml): plain files of its own, not mounts.
+        lab_driver = [
+            f"{config_dir}/containerd.toml:/etc/containerd/config.toml:ro",
+            f"{config_dir}/nvidia-smi:/usr/bin/nvidia-smi:ro",
+            f"{config_dir}/nvidia-container-runtime:/usr/local/bin/nvidia-container-runtime:ro",
+        ]
         lab.run_systemd_host(
             node.container,
             node.name,
@@ -479,12 +496,10 @@ def start_nodes(
             hardware,
             [
                 f"{config_dir}:/etc/gpuforge-node:ro",
-                f"{config_dir}/containerd.toml:/etc/containerd/config.toml:ro",
+                *(lab_driver if node.bootstrap is None else []),
                 f"{config_dir}/10-gpuforge.conflist:/etc/cni/net.d/10-gpuforge.conflist:ro",
                 f"{config_dir}/kubelet.service:/etc/systemd/system/kubelet.service:ro",
-                f"{config_dir}/nvidia-smi:/usr/bin/nvidia-smi:ro",
                 f"{binaries.path('kubelet')}:/usr/local/bin/kubelet:ro",
-                f"{config_dir}/nvidia-container-runtime:/usr/local/bin/nvidia-container-runtime:ro",
                 f"{archives['pause'].parent}:/opt/gpuforge-images:ro",
                 f"{node_dir}/containerd:/var/lib/containerd",
                 f"{node_dir}/kubelet:/var/lib/kubelet",
@@ -497,6 +512,10 @@ def start_nodes(
         )
     for node in nodes:
         _wait_for_containerd(node)
+    bootstrapped = [node for node in nodes if node.bootstrap is not None]
+    if bootstrapped:
+        bootstrap_hosts(state_dir, bootstrapped)
+    for node in nodes:
         # systemd makes every mount shared when it boots a machine, but leaves a container's root
         # private; a hostPath of / with HostToContainer propagation (the device plugin's driver root)
         # needs it shared, as on the hosts the roles build.
@@ -512,6 +531,93 @@ def start_nodes(
             _exec(node, "ctr", "-n", "k8s.io", "images", "tag", "--force", dra_plugin,
                   f"{DRA_PLUGIN_REPOSITORY}:{release}")  # fmt: skip
         _exec(node, "systemctl", "start", "kubelet.service")
+
+
+def bootstrap_inventory(nodes: list[RealNode], repo_url: str) -> dict[str, Any]:
+    """An inventory of the hosts reached through podman (no SSH), pointed at the imitation repositories."""
+    return {
+        "all": {
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {
+                        node.name: {
+                            "ansible_host": node.container,
+                            "ansible_connection": "containers.podman.podman",
+                        }
+                        for node in nodes
+                    }
+                }
+            },
+            "vars": {
+                "ansible_python_interpreter": "/usr/bin/python3",
+                # Already root in the host; the playbook's `become` then needs no sudo (hosts have none).
+                "ansible_become_method": "su",
+                **_lab().repository_vars(repo_url),
+            },
+        }
+    }
+
+
+def bootstrap_hosts(state_dir: Path, nodes: list[RealNode]) -> None:
+    """Run each node's playbook of the collection on its host, as on a machine the roles build: the driver
+    and toolkit from the imitation NVIDIA repositories, containerd's nvidia runtime and CDI from the
+    toolkit role's drop-in, the CDI spec from nvidia-ctk. containerd restarts on what the roles wrote."""
+    lab = _lab()
+    work_dir = state_dir / "bootstrap"  # the repositories, inventory and playbook log
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    # The checkout as the collection gpuforge.nodes, without touching the checkout.
+    link = work_dir / "collections" / "ansible_collections" / "gpuforge" / "nodes"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(COLLECTION_ROOT)
+    port = lab.start_repo_server(work_dir)
+    try:
+        repo_url = f"http://127.0.0.1:{port}"
+        # The host's own distribution archive, as in the Ansible lab: the running kernel's headers.
+        sources = work_dir / "distro.sources"
+        sources.write_text(lab.imitation_repo.distro_sources(work_dir / "repo", repo_url))
+        for node in nodes:
+            config = state_dir / "nodes" / node.name / "config" / "containerd.toml"
+            _run(["podman", "cp", str(config), f"{node.container}:/etc/containerd/config.toml"])
+            _run(["podman", "cp", str(sources),
+                  f"{node.container}:/etc/apt/sources.list.d/debian-lab.sources"])  # fmt: skip
+            _exec(node, "systemctl", "restart", "containerd.service")
+        inventory = work_dir / "inventory.yml"
+        inventory.write_text(json.dumps(bootstrap_inventory(nodes, repo_url), indent=2) + "\n")
+        for playbook in sorted({str(node.bootstrap) for node in nodes}):
+            hosts = ",".join(node.name for node in nodes if node.bootstrap == playbook)
+            _run_playbook(work_dir, inventory, playbook, hosts)
+    finally:
+        lab.stop_repo_server(work_dir)
+    for node in nodes:
+        # Whether or not a handler did: the kubelet must find containerd on the roles' configuration.
+        _exec(node, "systemctl", "restart", "containerd.service")
+        _wait_for_containerd(node)
+
+
+def _run_playbook(work_dir: Path, inventory: Path, playbook: str, hosts: str) -> None:
+    log_path = work_dir / f"{Path(playbook).stem}.log"
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(work_dir / "collections"),
+        "ANSIBLE_CONFIG": str(COLLECTION_ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    command = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i", str(inventory), "--limit", hosts, str(COLLECTION_ROOT / "playbooks" / playbook),
+    ]  # fmt: skip
+    log.info("bootstrapping %s with %s (log: %s)", hosts, playbook, log_path)
+    with log_path.open("w") as output:
+        result = subprocess.run(
+            command, cwd=COLLECTION_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
+            timeout=BOOTSTRAP_TIMEOUT_SECONDS, check=False,
+        )  # fmt: skip
+    if result.returncode != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        raise RealNodeError(
+            f"playbooks/{playbook} failed on {hosts} ({result.returncode}, {log_path}):\n{tail}"
+        )
 
 
 def device_plugin_tags() -> list[str]:
