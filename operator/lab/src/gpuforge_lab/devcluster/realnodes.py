@@ -603,8 +603,12 @@ def _run_playbook(work_dir: Path, inventory: Path, playbook: str, hosts: str) ->
         "ANSIBLE_CONFIG": str(COLLECTION_ROOT / "ansible.cfg"),
         "ANSIBLE_NOCOLOR": "1",
     }
+    # The one beside this Python (the checkout's venv pins ansible and its containers.podman collection).
+    ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
+    if not ansible_playbook.is_file():
+        raise RealNodeError(f"bootstrapping a real node needs ansible-playbook beside {sys.executable}")
     command = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
+        str(ansible_playbook),
         "-i", str(inventory), "--limit", hosts, str(COLLECTION_ROOT / "playbooks" / playbook),
     ]  # fmt: skip
     log.info("bootstrapping %s with %s (log: %s)", hosts, playbook, log_path)
