@@ -198,6 +198,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
+    if args.logs:  # made now: a missing directory would fail only after the longest run had finished
+        args.logs.mkdir(parents=True, exist_ok=True)
     earlier = args.out.with_suffix(".sizes.json")
     measured: list[dict[str, float]] = (
         [m for m in json.loads(earlier.read_text()) if m["nodes"] not in sizes]
