@@ -7,7 +7,6 @@ with force, so drift is corrected and ownership of our fields is unambiguous.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
+
+import orjson
 
 from gpuforge.api.cluster import NodeFacts, OperandPod
 from gpuforge.api.gpustack import PLURAL, GpuStack
@@ -217,11 +218,11 @@ class Kube:
             self._on_answer(verb, resource, time.monotonic() - started)
         if status >= 400:
             try:
-                message = json.loads(data).get("message", "")
+                message = orjson.loads(data).get("message", "")
             except ValueError:
                 message = data.decode(errors="replace")[:300]
             raise ApiError(status, method, path, message)
-        return json.loads(data) if data else None
+        return orjson.loads(data) if data else None
 
     def list_objects(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         """Every item of a collection (`/api/v1/nodes`, ...), fetched in pages of 500."""

@@ -13,11 +13,12 @@ transport (k8s.transport).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
 from typing import Any, Protocol
+
+import orjson
 
 from gpuforge.k8s.transport import ApiError as ApiError
 from gpuforge.k8s.transport import ApiTransport, error_message, selectors
@@ -351,7 +352,7 @@ class HttpSource:
             status, text = await self.transport.request("GET", self.paths[kind], params=params)
             if status >= 400:
                 raise ApiError(status, error_message(text))
-            page = json.loads(text)
+            page = orjson.loads(text)
             items.extend(page.get("items") or [])
             metadata = page.get("metadata") or {}
             if not metadata.get("continue"):

@@ -9,7 +9,6 @@ ValidatingWebhookConfigurations. Requests go through the shared transport (k8s.t
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 
 from gpuforge.api.gpuquota import API_VERSION as QUOTA_API_VERSION
 from gpuforge.api.gpuquota import KIND as QUOTA_KIND
@@ -117,7 +117,7 @@ class QuotaApi:
             raise Conflict(409, error_message(text))
         if status >= 400:
             raise ApiError(status, error_message(text))
-        result: dict[str, Any] = json.loads(text) if text else {}
+        result: dict[str, Any] = orjson.loads(text) if text else {}
         return result
 
     async def may(self, user_info: Mapping[str, Any], attributes: Mapping[str, str]) -> bool:

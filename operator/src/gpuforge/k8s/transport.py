@@ -15,7 +15,6 @@ caller's.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import ssl
 import threading
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
+
+import orjson
 
 if TYPE_CHECKING:  # imported where used: the CLI's synchronous requests need not load it (0.3 s)
     import aiohttp
@@ -55,7 +56,7 @@ def selectors(label_selector: str | None, field_selector: str | None) -> dict[st
 def error_message(text: str) -> str:
     """The message of a Status the API server answered with, else the start of the body."""
     try:
-        return str(json.loads(text).get("message", text))
+        return str(orjson.loads(text).get("message", text))
     except (ValueError, AttributeError):
         return text[:500]
 
@@ -216,7 +217,7 @@ class ApiTransport:
         content_type: str = "application/json",
     ) -> tuple[int, str]:
         """(status, body text) of one request; a 429 is retried `retries_on_429` times."""
-        data = json.dumps(body) if body is not None else None
+        data = orjson.dumps(body) if body is not None else None
         headers = dict(self.credentials.authorization())
         if data is not None:
             headers["Content-Type"] = content_type
@@ -265,7 +266,7 @@ class ApiTransport:
                 *lines, buffer = (buffer + chunk).split(b"\n")
                 for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
 
     # --- blocking ----------------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ never allowed.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import ssl
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
+import orjson
 
 from gpuforge.quota.admission import Denied
 from gpuforge.webhook import metrics
@@ -85,7 +85,7 @@ class Forwarder:
                     raise aiohttp.ClientResponseError(
                         response.request_info, (), status=response.status, message=text[:200]
                     )
-            answer = json.loads(text)
+            answer = orjson.loads(text)
             inner = answer.get("response") if isinstance(answer, dict) else None
             if not isinstance(inner, dict) or inner.get("uid") != review.uid:
                 raise ValueError("the answer is not for this request")

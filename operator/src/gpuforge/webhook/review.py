@@ -6,10 +6,11 @@ HTTP 400 and a log line: the API server never sends such bodies, so whoever did 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+import orjson
 
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024  # two 1.5 MiB objects (object, oldObject) and more
 
@@ -48,7 +49,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if len(body) > MAX_BODY_BYTES:
         raise BadReview(f"body of {len(body)} bytes is larger than {MAX_BODY_BYTES}")
     try:
-        review = json.loads(body)
+        review = orjson.loads(body)
     except (ValueError, RecursionError) as error:
         raise BadReview(f"body is not JSON: {error}") from error
     if not isinstance(review, Mapping):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import ssl
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -103,7 +103,7 @@ def make_app(
                 metrics.ADMISSIONS.labels(name, _result(decision)).inc()
                 response = _answer(review, decision)
             metrics.ADMISSION_LATENCY.labels(name).observe(time.perf_counter() - started)
-            answer = web.Response(text=json.dumps(response), content_type="application/json")
+            answer = web.Response(body=orjson.dumps(response), content_type="application/json")
             if FORWARDED_HEADER not in request.headers and sheds_connections():
                 answer.force_close()
             return answer
