@@ -219,7 +219,7 @@ def _read(
     from gpuforge.upgrade.convert import snapshot_from_objects
 
     try:
-        kube = Kube.from_kubeconfig(kubeconfig)
+        kube = Kube.from_kubeconfig(kubeconfig, plain=True)
         served = kube.served_versions()
         stacks = list(kube.list_objects("/apis/gpuforge.io/v1alpha1/gpustacks"))
     except ApiError as error:

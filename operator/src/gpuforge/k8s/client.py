@@ -166,9 +166,14 @@ class Kube:
         kubeconfig: str | None = None,
         on_request: RequestHook | None = None,
         on_answer: AnswerHook | None = None,
+        *,
+        plain: bool = False,
     ) -> Kube:
-        """Credentials from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster account."""
-        return cls(ApiTransport.from_kubeconfig(kubeconfig, timeout=60.0), on_request, on_answer)
+        """Credentials from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster account.
+        `plain`: without the official client where the kubeconfig allows (short commands; the result has
+        no `connection_info` for kopf)."""
+        transport = ApiTransport.from_kubeconfig(kubeconfig, timeout=60.0, plain=plain)
+        return cls(transport, on_request, on_answer)
 
     def connection_info(self) -> dict[str, Any]:
         """Server and credentials, as keyword arguments for kopf.ConnectionInfo."""

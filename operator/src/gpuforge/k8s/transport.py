@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -158,6 +159,93 @@ def load_credentials(kubeconfig: Path | str | None = None, context: str | None =
     return Credentials(str(configuration.host), ssl_context, {}, authorize, configuration)
 
 
+# What a kubeconfig's cluster and user may hold for `read_plain_kubeconfig`; anything else (exec,
+# auth-provider, tokenFile, a proxy, a TLS server name, ...) is left to the official loader.
+PLAIN_CLUSTER_KEYS = frozenset(
+    {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify"}
+)
+PLAIN_USER_KEYS = frozenset(
+    {"client-certificate", "client-certificate-data", "client-key", "client-key-data", "token"}
+)
+
+
+def _named(document: Mapping[str, Any], section: str, name: object) -> Mapping[str, Any] | None:
+    """The entry called `name` of a kubeconfig's clusters, users or contexts."""
+    inner = section[:-1]  # clusters -> cluster
+    for entry in document.get(section) or []:
+        if isinstance(entry, Mapping) and entry.get("name") == name and isinstance(entry.get(inner), Mapping):
+            value: Mapping[str, Any] = entry[inner]
+            return value
+    return None
+
+
+def _pem(entry: Mapping[str, Any], key: str, base: Path) -> bytes | None:
+    """A kubeconfig's PEM: `<key>-data` (base64) or the file `<key>` (relative to the kubeconfig)."""
+    import base64
+
+    if entry.get(f"{key}-data"):
+        return base64.b64decode(entry[f"{key}-data"])
+    if entry.get(key):
+        return (base / str(entry[key])).expanduser().read_bytes()
+    return None
+
+
+def read_plain_kubeconfig(
+    kubeconfig: Path | str | None = None, context: str | None = None
+) -> Credentials | None:
+    """The credentials of a kubeconfig whose user is a client certificate or a fixed token, read without
+    the official client (importing it takes half a second, more than a short command's work); None
+    where the kubeconfig is missing, is several files or needs more than that (the official loader's
+    case)."""
+    if kubeconfig:
+        path = Path(kubeconfig)
+    else:
+        listed = os.environ.get("KUBECONFIG", "")
+        if os.pathsep in listed.strip(os.pathsep):
+            return None  # several files, merged by the official loader
+        path = Path(listed.strip(os.pathsep) or "~/.kube/config").expanduser()
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    import yaml
+
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(document, Mapping):
+        return None
+    chosen = _named(document, "contexts", context or document.get("current-context"))
+    if chosen is None:
+        return None
+    cluster = _named(document, "clusters", chosen.get("cluster"))
+    user = _named(document, "users", chosen.get("user")) if chosen.get("user") else {}
+    if (
+        cluster is None
+        or user is None
+        or not isinstance(cluster.get("server"), str)
+        or not set(cluster) <= PLAIN_CLUSTER_KEYS
+        or not set(user) <= PLAIN_USER_KEYS
+    ):
+        return None
+    base = path.parent
+    ssl_context: ssl.SSLContext | bool = False
+    if not cluster.get("insecure-skip-tls-verify"):
+        authority = _pem(cluster, "certificate-authority", base)
+        ssl_context = ssl.create_default_context(cadata=authority.decode() if authority else None)
+        certificate, key = _pem(user, "client-certificate", base), _pem(user, "client-key", base)
+        if certificate and key:
+            # ssl loads a certificate chain from files only: a private directory, removed at once
+            with tempfile.TemporaryDirectory(prefix="gpuforge-tls-") as tmp:
+                (Path(tmp) / "tls.crt").write_bytes(certificate)
+                (Path(tmp) / "tls.key").write_bytes(key)
+                ssl_context.load_cert_chain(Path(tmp) / "tls.crt", Path(tmp) / "tls.key")
+    token = str(user.get("token") or "").strip()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return Credentials(str(cluster["server"]).rstrip("/"), ssl_context, headers)
+
+
 class ApiTransport:
     """Requests to one API server: pooled connections, TLS, a timeout and (if asked) 429 retries.
 
@@ -185,9 +273,18 @@ class ApiTransport:
 
     @classmethod
     def from_kubeconfig(
-        cls, kubeconfig: Path | str | None = None, context: str | None = None, **options: Any
+        cls,
+        kubeconfig: Path | str | None = None,
+        context: str | None = None,
+        *,
+        plain: bool = False,
+        **options: Any,
     ) -> ApiTransport:
-        return cls(load_credentials(kubeconfig, context), **options)
+        """`plain`: a kubeconfig `read_plain_kubeconfig` can read is read without the official client,
+        and blocking requests go through urllib3 alone (for short commands; such credentials have no
+        official configuration for kopf)."""
+        credentials = read_plain_kubeconfig(kubeconfig, context) if plain else None
+        return cls(credentials or load_credentials(kubeconfig, context), **options)
 
     # --- on an event loop ----------------------------------------------------------------------------
 
@@ -272,13 +369,20 @@ class ApiTransport:
 
     def _rest_client(self) -> Any:
         with self._rest_lock:
-            if self._rest is None:
+            if self._rest is None and self.credentials.configuration is None:
+                import urllib3
+
+                context = self.credentials.ssl_context
+                if isinstance(context, ssl.SSLContext):
+                    self._rest = urllib3.PoolManager(maxsize=self.pool_size, ssl_context=context)
+                else:
+                    self._rest = urllib3.PoolManager(
+                        maxsize=self.pool_size, cert_reqs=ssl.CERT_NONE, assert_hostname=False
+                    )
+            elif self._rest is None:
                 from kubernetes import client
 
-                configuration = self.credentials.configuration or client.Configuration()
-                if self.credentials.configuration is None:
-                    configuration.host = self.credentials.server
-                    configuration.verify_ssl = self.credentials.ssl_context is not False
+                configuration = self.credentials.configuration
                 configuration.connection_pool_maxsize = self.pool_size
                 self._rest = client.rest.RESTClientObject(configuration)
             return self._rest
@@ -299,8 +403,13 @@ class ApiTransport:
             "Content-Type": content_type,
             **self.credentials.authorization(),
         }
-        response = self._rest_client().request(
-            method, url, headers=headers, body=body, _request_timeout=self.timeout
-        )
-        data: bytes = response.read()
-        return response.status, data
+        rest = self._rest_client()
+        if self.credentials.configuration is not None:
+            response = rest.request(method, url, headers=headers, body=body, _request_timeout=self.timeout)
+            data: bytes = response.read()
+            return response.status, data
+        # urllib3 alone: the body is JSON (an apply patch's YAML is sent as JSON, as the official client does)
+        encoded = body if body is None or isinstance(body, bytes | str) else orjson.dumps(body)
+        # urllib3's default retries of a failed connection, as the official client's pool has
+        answer = rest.request(method, url, headers=headers, body=encoded, timeout=self.timeout)
+        return answer.status, bytes(answer.data)
