@@ -11,12 +11,13 @@ writes are offered back to the store, so a pass right after a write sees it even
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from gpuforge.constants import DRA_DRIVER_GPU, GPU_RESOURCE
 from gpuforge.k8s.client import RESOURCE_GROUP, Kube, Obj
@@ -82,6 +83,12 @@ def _condition_status(obj: Mapping[str, Any], kind: str) -> str:
     return ""
 
 
+def _canonical(mapping: Mapping[str, Any]) -> bytes:
+    """Labels or annotations as one comparable value (orjson: an eighth of the standard json's time,
+    and every Node heartbeat is fingerprinted)."""
+    return orjson.dumps(mapping, option=orjson.OPT_SORT_KEYS)
+
+
 def node_fingerprint(node: Mapping[str, Any]) -> tuple[Any, ...]:
     """What the planner and placement read from a Node; heartbeats and timestamps change nothing here."""
     meta, status = node.get("metadata") or {}, node.get("status") or {}
@@ -92,8 +99,8 @@ def node_fingerprint(node: Mapping[str, Any]) -> tuple[Any, ...]:
         if k == GPU_RESOURCE or k.startswith("nvidia.com/")
     )
     return (
-        json.dumps(meta.get("labels") or {}, sort_keys=True),
-        json.dumps(meta.get("annotations") or {}, sort_keys=True),
+        _canonical(meta.get("labels") or {}),
+        _canonical(meta.get("annotations") or {}),
         bool((node.get("spec") or {}).get("unschedulable")),
         _condition_status(node, "Ready"),
         (status.get("nodeInfo") or {}).get("kubeletVersion"),
@@ -104,7 +111,7 @@ def node_fingerprint(node: Mapping[str, Any]) -> tuple[Any, ...]:
 def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     return (
-        json.dumps(meta.get("labels") or {}, sort_keys=True),
+        _canonical(meta.get("labels") or {}),
         bool(meta.get("deletionTimestamp")),
         status.get("phase"),
         _condition_status(pod, "Ready"),
