@@ -155,6 +155,9 @@ def cluster_with_operator(
             with operator(cluster, log) as process:
                 yield cluster, process
         finally:
-            if keep_log and log.exists():
-                shutil.copyfile(log, keep_log)
-            cluster.down()
+            try:
+                if keep_log and log.exists():
+                    keep_log.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(log, keep_log)
+            finally:  # a log that cannot be kept must not leave the control plane running
+                cluster.down()
