@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,20 @@ def test_status_plan_and_quota_tree_on_the_cluster(dev_cluster: DevCluster) -> N
     dev_cluster.kubectl(
         "wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io"
     )
-    status = gpuforge("status", "-o", "json", kubeconfig=dev_cluster.kubeconfig)
-    assert status.returncode == 0, status.stderr
-    rows: Any = json.loads(status.stdout)
-    assert isinstance(rows, (list, dict))
-    as_yaml = gpuforge("status", "-o", "yaml", kubeconfig=dev_cluster.kubeconfig)
-    assert as_yaml.returncode == 0 and yaml.safe_load(as_yaml.stdout) == rows
+    # The session's cluster may still be settling from an earlier test: the two outputs must agree
+    # once it holds still between the two calls.
+    for _ in range(5):
+        status = gpuforge("status", "-o", "json", kubeconfig=dev_cluster.kubeconfig)
+        assert status.returncode == 0, status.stderr
+        rows: Any = json.loads(status.stdout)
+        assert isinstance(rows, (list, dict))
+        as_yaml = gpuforge("status", "-o", "yaml", kubeconfig=dev_cluster.kubeconfig)
+        assert as_yaml.returncode == 0, as_yaml.stderr
+        if yaml.safe_load(as_yaml.stdout) == rows:
+            break
+        time.sleep(2)
+    else:
+        raise AssertionError(f"status -o yaml never matched -o json:\n{as_yaml.stdout}\n{status.stdout}")
     table = gpuforge("status", kubeconfig=dev_cluster.kubeconfig)
     assert table.returncode == 0
     tree = gpuforge("quota", "tree", "-o", "json", kubeconfig=dev_cluster.kubeconfig)
