@@ -83,7 +83,7 @@ def test_status_plan_and_quota_tree_on_the_cluster(dev_cluster: DevCluster) -> N
     dev_cluster.kubectl(
         "wait", "--for=condition=Established", "crd/gpustacks.gpuforge.io", "crd/gpuquotas.gpuforge.io"
     )
-    # The session's cluster may still be settling from an earlier test: the two outputs must agree
+    # The cluster these tests share may still be settling from an earlier test: the two outputs must agree
     # once it holds still between the two calls.
     for _ in range(5):
         status = gpuforge("status", "-o", "json", kubeconfig=dev_cluster.kubeconfig)
