@@ -18,12 +18,11 @@ import yaml
 
 from gpuforge.constants import COMPONENT_DEVICE_PLUGIN, COMPONENT_LABEL, SIM_POOL_LABEL
 from gpuforge_lab.devcluster import realnodes
-from gpuforge_lab.devcluster.build import build_nodes
 from gpuforge_lab.devcluster.cluster import DevCluster
 from gpuforge_lab.devcluster.pools import GpuSpec, Pool
 
 from ..operator_process import Operator, condition, kube_json, stack_status, wait_for
-from .helpers import NODE, gpu_status
+from .helpers import NODE, assert_a_gpu_pod_gets_one_device, gpu_status
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
@@ -131,37 +130,4 @@ def test_the_operators_plugin_runs_under_the_roles_runtime(
 
 
 def test_a_gpu_pod_runs_on_the_bootstrapped_node(cluster: DevCluster, deployed: dict[str, Any]) -> None:
-    workload = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "gpu-job", "namespace": "default"},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {realnodes.REAL_NODE_LABEL: "true"},
-            "containers": [
-                {
-                    "name": "workload",
-                    "image": realnodes.program_image_ref(build_nodes(), "gpu-workload"),
-                    "imagePullPolicy": "Never",
-                    "resources": {"limits": {"nvidia.com/gpu": 1}},
-                }
-            ],
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(workload))
-    wait_for(
-        "the GPU pod to finish",
-        lambda: (
-            cluster.kubectl("get", "pod", "gpu-job", "-o", "jsonpath={.status.phase}").stdout
-            in ("Succeeded", "Failed")
-        ),
-        timeout=180,
-    )
-    phase = cluster.kubectl("get", "pod", "gpu-job", "-o", "jsonpath={.status.phase}").stdout
-    assert phase == "Succeeded", cluster.kubectl("describe", "pod", "gpu-job").stdout
-    log = cluster.kubectl("logs", "gpu-job").stdout
-    hardware = json.loads((cluster.state_dir / f"nodes/{NODE}/hardware/gpus.json").read_text())
-    uuids = {gpu["uuid"] for gpu in hardware["gpus"]}
-    visible = [line.split("=", 1)[1] for line in log.splitlines() if line.startswith("env NVIDIA_VISIBLE_")]
-    assert len(visible) == 1 and visible[0] in uuids, log
-    assert "(NVIDIA L4)" in log
+    assert_a_gpu_pod_gets_one_device(cluster)
