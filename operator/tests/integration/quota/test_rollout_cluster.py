@@ -64,4 +64,5 @@ def test_a_rolling_updates_surge_is_charged_and_refused_over_hard(
     no_surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     apps.patch_namespaced_deployment("f", namespace, new_image("registry.example/work:2", strategy=no_surge))
     wait_for("the surge-less rollout to end", lambda: rolled_out(apps, namespace, "f", 2), timeout=90)
-    assert quotas.used("full") == "2"
+    # status.used is written behind admission, so it is awaited rather than read once.
+    wait_for("2 GPUs to be counted in full", lambda: quotas.used("full") == "2", timeout=30)
