@@ -653,6 +653,7 @@ async def contended_rounds(
     calls: dict[str, tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = {
         arm: ({}, {}) for arm in names
     }
+    lag: dict[str, dict[float, float]] = {arm: {} for arm in names}  # the leader's lag probes, by bound
     metrics_before = await replica_metrics(webhook)
     for round_ in range(ROUNDS):
         contended = f"bench-contended-{uuid.uuid4().hex[:6]}"
@@ -822,6 +823,7 @@ async def e2e_rounds(
     calls: dict[str, tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = {
         arm: ({}, {}) for arm in names
     }
+    lag: dict[str, dict[float, float]] = {arm: {} for arm in names}  # the leader's lag probes, by bound
     metrics_before = await replica_metrics(webhook)
     for round_ in range(ROUNDS):
         for arm in names[round_ % len(names) :] + names[: round_ % len(names)]:
@@ -837,11 +839,14 @@ async def e2e_rounds(
                 await warm_up(cluster, spaces[arm], quota_of, concurrency)
                 histogram_before = await apiserver_calls(cluster)
                 seconds_before, calls_before = await webhook_seconds(cluster)
+                lag_before = await replica_metrics(webhook)
                 cpu_before = webhook.cpu_seconds()
                 latencies, _ = await timed_creates(
                     cluster, spaces[arm], quota_of, PER_ROUND[concurrency], concurrency, prefix=f"r{round_}-"
                 )
                 cpu[arm] += webhook.cpu_seconds() - cpu_before
+                for bound, probes in _leader_lag(lag_before, await replica_metrics(webhook)).items():
+                    lag[arm][bound] = lag[arm].get(bound, 0.0) + probes
                 seconds_after, calls_after = await webhook_seconds(cluster)
                 histogram_after = await apiserver_calls(cluster)
                 calls[arm][0][f"round {round_}"] = histogram_before["apiserver"]
@@ -866,6 +871,11 @@ async def e2e_rounds(
             f"apiserver_within_25ms {arm}": _bucket_share(*calls[arm], 0.025) * 100
             for arm in names
             if arm != NONE
+        },
+        **{
+            f"lag_over_{round(bound * 1000)}ms {arm}": _share_over(lag[arm], bound) * 100
+            for arm in names
+            for bound in (0.025, 0.1)
         },
         "calls_without": timed[NONE][1] if NONE in timed else 0.0,
         "cpu_ms": cpu[OURS] / creates * 1000,
@@ -927,6 +937,9 @@ def rounds_results(
         ("webhook calls the API server timed within 25 ms", f"apiserver_within_25ms {OURS}", "%"),
         ("reference webhook calls the API server timed within 25 ms", f"apiserver_within_25ms {FLOOR}", "%"),
         ("webhook answer time inside the leader, mean", "leader_ms", "ms"),
+        ("leader's event loop lag probes over 25 ms, webhook arm", f"lag_over_25ms {OURS}", "%"),
+        ("leader's event loop lag probes over 100 ms, webhook arm", f"lag_over_100ms {OURS}", "%"),
+        ("the same over 25 ms, reference arm (watch events only)", f"lag_over_25ms {FLOOR}", "%"),
         ("webhook CPU per create (2 replicas)", "cpu_ms", "ms"),
         ("webhook CPU per create in the other arms (watch events only)", "cpu_other_ms", "ms"),
         ("status writes per create", "writes_per_create", "writes"),
@@ -937,6 +950,27 @@ def rounds_results(
         ("webhook calls in the arms without a webhook (must be 0)", "calls_without", "calls"),
     ):
         results.append(result(f"{name}, c={concurrency}", figures[key], unit))
+
+
+LAG = "gpuforge_event_loop_lag_seconds_bucket"
+
+
+def _leader_lag(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[float, float]:
+    """The leader's event-loop lag probes between two scrapes, cumulative by bucket bound (seconds)."""
+    for replica, values in after.items():
+        if values.get("gpuforge_quota_leader") == 1.0:
+            old = before.get(replica, {})
+            return {
+                float(key.split('le="', 1)[1].split('"', 1)[0]): value - old.get(key, 0.0)
+                for key, value in values.items()
+                if key.startswith(LAG + "{")
+            }
+    return {}
+
+
+def _share_over(buckets: dict[float, float], bound: float) -> float:
+    total = buckets.get(math.inf, 0.0)
+    return (total - buckets.get(bound, 0.0)) / total if total else 0.0
 
 
 def _leader_answer_mean_ms(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> float:

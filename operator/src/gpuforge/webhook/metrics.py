@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from typing import Any, Final
@@ -172,6 +173,24 @@ GC_PAUSE: Final = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
     registry=REGISTRY,
 )
+
+EVENT_LOOP_LAG: Final = Histogram(
+    "gpuforge_event_loop_lag_seconds",
+    "How late the event loop ran a periodic timer: how long an admission arriving at that moment waited "
+    "before its handler could start (watch events, a pass, a collection ran instead).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+    registry=REGISTRY,
+)
+LAG_PROBE_SECONDS: Final = 0.05
+
+
+async def probe_event_loop_lag(interval: float = LAG_PROBE_SECONDS) -> None:
+    """Observe, every `interval`, how much later than asked the loop woke this task (until cancelled)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time() + interval
+        await asyncio.sleep(interval)
+        EVENT_LOOP_LAG.observe(max(0.0, loop.time() - asked))
 
 
 class _GcTimer:

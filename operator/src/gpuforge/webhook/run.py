@@ -297,8 +297,12 @@ async def run_until_signalled(options: WebhookOptions, endpoint: EndpointFactory
         loop.add_signal_handler(signum, stop.set)
     async with running_webhook(options, endpoint=endpoint) as webhook:
         metrics.time_gc_pauses()
+        lag_probe = asyncio.create_task(metrics.probe_event_loop_lag())
         gc.freeze()  # what start-up made (modules, clients, certificates) stays: see _settle_heap
         webhook.controller.freeze_gc = True
         log.info("GpuQuota webhook serving on %s", webhook.url)
         print(f"serving on {webhook.url}", flush=True)
-        await stop.wait()
+        try:
+            await stop.wait()
+        finally:
+            lag_probe.cancel()
