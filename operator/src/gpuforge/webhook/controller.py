@@ -35,6 +35,7 @@ from gpuforge.api.gpuquota import (
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
+from gpuforge.k8s.informer import TimeSlice
 from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi, without_managed_fields
 from gpuforge.quota.admission import charged_to_parent
 from gpuforge.quota.convert import QuotaSpecError, quota_from_object, remaining, used_from_object
@@ -103,8 +104,6 @@ DEVICE_CLASS = "DeviceClass"
 BY_NAMESPACE = "namespace"
 BY_QUOTA = "quota"  # the workload caches' index: the quota a workload is charged to
 BY_DEFAULTED = "defaulted"  # ... and the namespace of those its namespace's default quota is charged for
-# A pass gives waiting admissions the loop after this many workloads, however many there are.
-YIELD_EVERY = 256
 
 
 def _quota_of(obj: Obj) -> str | None:
@@ -642,15 +641,14 @@ class UsageController:
     async def snapshot(self, quotas: set[str] | None = None) -> Snapshot:
         """What exists of the workloads charged to `quotas` (None: all)."""
         snap = Snapshot()
-        seen = 0
+        pace = TimeSlice()
         for kind, items in (await self._list_workloads(quotas)).items():
             for item in items:  # informers set `kind`; a listed item may lack it
                 obj = item if item.get("kind") == kind else {**item, "kind": kind}
                 if not is_controlled_by_workload(obj) or (kind == "Pod" and not self._pod_owner_pays(obj)):
                     snap.workloads[_key(obj, kind)] = obj
-                seen += 1
-                if seen % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
+                if pace.spent():
+                    await pace.pause()
         # Claims are read only where some workload refers to them (most use device-plugin requests).
         with_claims = sorted({key[1] for key, obj in snap.workloads.items() if self._uses_claims(key, obj)})
         for namespace in with_claims:
@@ -731,7 +729,7 @@ class UsageController:
         those holding reservations due to expire or settle; a periodic `resync` writes every quota it
         recomputes, changed or not (its lastReconcileTime). Returns whether any quota has a budget
         (accrual needs ticks). Only the workloads charged to the quotas recomputed are read, and the
-        loop is handed back every YIELD_EVERY of them: a pass never holds up admissions for long."""
+        loop is handed back every TIME_SLICE_SECONDS of work: a pass never holds up admissions for long."""
         has_budgets = any(is_cash_key(key) for quota in self.ledger.quotas() for key in quota.hard)
         await self._watch_pods(has_budgets)
         now = self.clock()
@@ -748,9 +746,10 @@ class UsageController:
         usages: dict[str, list[WorkloadUsage]] = {}
         # A full pass keeps the usage of the workloads that exist, so the cache drops the others.
         usage_cache = {} if only is None else self._usages
-        for index, (key, obj) in enumerate(snap.workloads.items()):
-            if index % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)
+        pace = TimeSlice()
+        for key, obj in snap.workloads.items():
+            if pace.spent():
+                await pace.pause()
             default = self.default_of(key[1]) if _defaulted(obj) else ""
             # The usage of a workload its namespace's default quota is charged for depends on that too.
             version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
@@ -779,7 +778,7 @@ class UsageController:
         runs = self._runs(snap) if has_budgets else {}
         self._forget_deleted(asyncio.get_running_loop().time() - self.reservation_ttl.total_seconds())
         children = children_of(self.ledger.quotas())
-        for index, name in enumerate(self.ledger.names()):
+        for name in self.ledger.names():
             quota = self.ledger.quota(name)
             if quota is None or (only is not None and name not in only):
                 continue
@@ -789,8 +788,8 @@ class UsageController:
                 quota, children.get(name, []), usages.get(name, []), runs.get(name, []), resync=resync
             )
             self.journal.drain(name)  # charged up to now (or holding no budget): ended pods are done
-            if index % 16 == 15:
-                await asyncio.sleep(0)
+            if pace.spent():
+                await pace.pause()
         if only is None:
             self.journal.forget_except(set(self.ledger.names()))
         return has_budgets

@@ -4,6 +4,7 @@ list/watch/re-list loop driven by a scripted source, and which changes wake the 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -180,6 +181,36 @@ async def _run_until(informer: Informer, done: Any) -> None:
         raise AssertionError("informer did not get there")
     finally:
         task.cancel()
+
+
+async def test_a_burst_of_buffered_events_hands_the_loop_back() -> None:
+    """Events that arrive together are read without waiting; the informer still lets other tasks (the
+    webhook's admissions) run every TIME_SLICE_SECONDS of work, not only after the whole burst."""
+    burst = [{"type": "MODIFIED", "object": obj("a", str(11 + i))} for i in range(30)]
+    source = ScriptedSource(lists=[([obj("a", "1")], "10")], watches=[burst])
+    informer = Informer(source, "Node")
+    ticks_during: list[int] = []
+    ticks = 0
+
+    def slow_listener(_type: str, _obj: Any) -> None:
+        time.sleep(0.001)  # an event that costs a millisecond of work
+        ticks_during.append(ticks)
+
+    async def other_task() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    informer.listeners.append(slow_listener)
+    ticker = asyncio.create_task(other_task())
+    try:
+        await _run_until(informer, lambda: len(ticks_during) == 31)
+    finally:
+        ticker.cancel()
+    # At 1 ms or more per event and a 2 ms slice, the 30 events hand the loop back at least 10 times.
+    watched = ticks_during[1:]
+    assert watched[-1] - watched[0] >= 10
 
 
 async def test_list_watch_bookmark_and_relist_on_gone() -> None:
