@@ -38,7 +38,9 @@ const (
 	sharedSuffix = ".shared"
 	// internal/plugin/server.go: the plugin's socket beside the kubelet's, named after the resource.
 	socketName = "nvidia-gpu.sock"
-	// internal/cdi/cdi.go: the vendor and class of the CDI devices the plugin generates.
+	// The kind of the CDI devices the plugin generates: the vendor is set in
+	// cmd/nvidia-device-plugin/plugin-manager.go (cdi.WithVendor), the class in internal/cdi/cdi.go
+	// (nvcdi.WithClass("gpu")), which saves the spec as /var/run/cdi/<vendor>-<class>.json.
 	cdiKind = "k8s.device-plugin.nvidia.com/gpu"
 	// api/config/v1/consts.go DefaultCDIAnnotationPrefix.
 	defaultCDIAnnotationPrefix = "cdi.k8s.io/"
