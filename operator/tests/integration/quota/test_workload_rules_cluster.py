@@ -161,6 +161,9 @@ def test_a_namespace_that_requires_a_quota_refuses_gpu_workloads_naming_none(
     assert create(api_client, namespace, template_only("w3", quotas.name("team"))) == "admitted"
 
 
+RUN_DURATION = "sim.gpuforge.io/run-duration"
+
+
 def cronjob(name: str, quota: str, *, on_template: bool = True) -> dict[str, Any]:
     pod_labels = {LABEL: quota} if on_template else {}
     return {
@@ -172,7 +175,9 @@ def cronjob(name: str, quota: str, *, on_template: bool = True) -> dict[str, Any
             "jobTemplate": {
                 "spec": {
                     "template": {
-                        "metadata": {"labels": pod_labels},
+                        # Runs 3 s on the simulated node (3 GPU-hours at the webhook's speedup): the
+                        # budget is spent even when a loaded kwok marks the pod Running late.
+                        "metadata": {"labels": pod_labels, "annotations": {RUN_DURATION: "3s"}},
                         "spec": {
                             "restartPolicy": "Never",
                             "tolerations": [{"operator": "Exists"}],
