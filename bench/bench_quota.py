@@ -653,7 +653,6 @@ async def contended_rounds(
     calls: dict[str, tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = {
         arm: ({}, {}) for arm in names
     }
-    lag: dict[str, dict[float, float]] = {arm: {} for arm in names}  # the leader's lag probes, by bound
     metrics_before = await replica_metrics(webhook)
     for round_ in range(ROUNDS):
         contended = f"bench-contended-{uuid.uuid4().hex[:6]}"
@@ -717,7 +716,11 @@ def _bucket_share(
 ) -> float:
     """The share of the API server's webhook calls that took at most `bound` seconds (one of the bucket
     bounds of its histogram: 0.005, 0.025, 0.1, 0.5, ...)."""
-    buckets = bucket_growth(before, after, WEBHOOK_SERIES)
+    return _share_within(bucket_growth(before, after, WEBHOOK_SERIES), bound)
+
+
+def _share_within(buckets: dict[float, float], bound: float) -> float:
+    """The share of a histogram's observations at most `bound` (a bucket bound; 0 when it has none)."""
     total = buckets.get(math.inf, 0.0)
     return buckets.get(bound, 0.0) / total if total else 0.0
 
@@ -823,7 +826,10 @@ async def e2e_rounds(
     calls: dict[str, tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = {
         arm: ({}, {}) for arm in names
     }
-    lag: dict[str, dict[float, float]] = {arm: {} for arm in names}  # the leader's lag probes, by bound
+    # The leader's series before and after each arm's rounds (keyed by round, as `calls`).
+    lag: dict[str, tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = {
+        arm: ({}, {}) for arm in names
+    }
     metrics_before = await replica_metrics(webhook)
     for round_ in range(ROUNDS):
         for arm in names[round_ % len(names) :] + names[: round_ % len(names)]:
@@ -845,8 +851,10 @@ async def e2e_rounds(
                     cluster, spaces[arm], quota_of, PER_ROUND[concurrency], concurrency, prefix=f"r{round_}-"
                 )
                 cpu[arm] += webhook.cpu_seconds() - cpu_before
-                for bound, probes in _leader_lag(lag_before, await replica_metrics(webhook)).items():
-                    lag[arm][bound] = lag[arm].get(bound, 0.0) + probes
+                lag_after = await replica_metrics(webhook)
+                leader = _leader(lag_after)
+                lag[arm][0][f"round {round_}"] = lag_before.get(leader, {})
+                lag[arm][1][f"round {round_}"] = lag_after.get(leader, {})
                 seconds_after, calls_after = await webhook_seconds(cluster)
                 histogram_after = await apiserver_calls(cluster)
                 calls[arm][0][f"round {round_}"] = histogram_before["apiserver"]
@@ -873,7 +881,7 @@ async def e2e_rounds(
             if arm != NONE
         },
         **{
-            f"lag_over_{round(bound * 1000)}ms {arm}": _share_over(lag[arm], bound) * 100
+            f"lag_over_{round(bound * 1000)}ms {arm}": _share_over(bucket_growth(*lag[arm], LAG), bound) * 100
             for arm in names
             for bound in (0.025, 0.1)
         },
@@ -952,38 +960,31 @@ def rounds_results(
         results.append(result(f"{name}, c={concurrency}", figures[key], unit))
 
 
-LAG = "gpuforge_event_loop_lag_seconds_bucket"
+LAG = "gpuforge_event_loop_lag_seconds"
 
 
-def _leader_lag(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[float, float]:
-    """The leader's event-loop lag probes between two scrapes, cumulative by bucket bound (seconds)."""
-    for replica, values in after.items():
-        if values.get("gpuforge_quota_leader") == 1.0:
-            old = before.get(replica, {})
-            return {
-                float(key.split('le="', 1)[1].split('"', 1)[0]): value - old.get(key, 0.0)
-                for key, value in values.items()
-                if key.startswith(LAG + "{")
-            }
-    return {}
+def _leader(scraped: dict[str, dict[str, float]]) -> str:
+    """The replica (by port) whose series say it leads; "" if none does."""
+    return next((port for port, values in scraped.items() if values.get("gpuforge_quota_leader") == 1.0), "")
 
 
 def _share_over(buckets: dict[float, float], bound: float) -> float:
+    """The share of a histogram's observations above `bound` (0 when it has none)."""
     total = buckets.get(math.inf, 0.0)
-    return (total - buckets.get(bound, 0.0)) / total if total else 0.0
+    return 1.0 - _share_within(buckets, bound) if total else 0.0
 
 
 def _leader_answer_mean_ms(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> float:
     """Mean answer time measured inside the leader (its own decisions, and those the follower forwards
     to it)."""
     series = 'gpuforge_quota_admission_duration_seconds_{}{{webhook="workloads"}}'
-    for replica, values in after.items():
-        if values.get("gpuforge_quota_leader") == 1.0:
-            old = before.get(replica, {})
-            calls = values.get(series.format("count"), 0.0) - old.get(series.format("count"), 0.0)
-            seconds = values.get(series.format("sum"), 0.0) - old.get(series.format("sum"), 0.0)
-            return seconds / max(1.0, calls) * 1000
-    return 0.0
+    leader = _leader(after)
+    if not leader:
+        return 0.0
+    values, old = after[leader], before.get(leader, {})
+    calls = values.get(series.format("count"), 0.0) - old.get(series.format("count"), 0.0)
+    seconds = values.get(series.format("sum"), 0.0) - old.get(series.format("sum"), 0.0)
+    return seconds / max(1.0, calls) * 1000
 
 
 ARMS = ("latency", "race", "scale")
