@@ -48,6 +48,10 @@ options:
     description: Also gather what M(gpuforge.nodes.gpu_facts) returns (same module run, same result).
     type: bool
     default: false
+  feature_namespace:
+    description: Namespace of the NFD feature names in O(gpu_facts), as in M(gpuforge.nodes.gpu_facts).
+    type: str
+    default: nvidia.com
   package_index:
     description:
       - Also report every package dpkg knows in an installed or config-files state, with its source package
@@ -258,6 +262,7 @@ def main():
             "services": {"type": "list", "elements": "str", "default": []},
             "files": {"type": "list", "elements": "path", "default": []},
             "gpu_facts": {"type": "bool", "default": False},
+            "feature_namespace": {"type": "str", "default": "nvidia.com"},
             "package_index": {"type": "bool", "default": False},
             "apt_sources": {"type": "list", "elements": "str", "default": []},
             "apt_sources_exclude": {"type": "list", "elements": "path", "default": []},
@@ -272,7 +277,9 @@ def main():
         owners=read_owners(module, params["owners"]),
         services=read_services(module, params["services"]),
         files=dict((path, read_file(path)) for path in params["files"]),
-        gpu_facts=gpu_probe.probe(module) if params["gpu_facts"] else {},
+        gpu_facts=(
+            gpu_probe.probe(module, feature_namespace=params["feature_namespace"]) if params["gpu_facts"] else {}
+        ),
         package_index=read_package_index(module) if params["package_index"] else [],
         apt_sources=read_apt_sources(module, params["apt_sources"], params["apt_sources_exclude"]),
     )
