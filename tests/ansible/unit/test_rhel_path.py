@@ -189,6 +189,8 @@ def state_with(upstream: str, major: str, loaded: str, marker: bool = False) -> 
     cuda = next(p for p in data.RPM_PACKAGES if p.name == "nvidia-driver-cuda")
     return {
         "files": {"/run/gpuforge/nvidia-driver.reboot-required": {"exists": marker}},
+        "gpu_facts": {"loaded_module_version": loaded, "nvidia_smi": {"path": "/usr/bin/nvidia-smi"}},
+        "owners": {"nvidia-smi": "nvidia-driver-cuda"},
         "packages": {
             "nvidia-driver-cuda": {"installed": True, "version": data.rpm_version(cuda, upstream, major)}
         },
@@ -203,17 +205,24 @@ def test_reboot_is_decided_from_the_installed_version(branch: str, upstream: str
         role = driver(
             "Rocky", major, nvidia_driver_branch=branch, state=state_with(upstream, major, loaded, marker)
         )
+        # After the install phase, and in the preflight's decision from its read alone.
         required = role.task_value(
             "reboot_facts.yml",
             "Set nvidia_driver_reboot_required",
             "ansible.builtin.set_fact",
             "nvidia_driver_reboot_required",
-            _nvidia_driver_gpu={"loaded_module_version": loaded},
             nvidia_driver_managed=True,
             # The branch, as the dnf path's target once was: never what the loaded module is compared with.
             nvidia_driver_target_version=branch,
         )
         assert required is expected, (loaded, marker)
+        decided = role.task_value(
+            "preflight.yml",
+            "Decide whether this role manages the driver, and what is left to do",
+            "ansible.builtin.set_fact",
+            "nvidia_driver_reboot_required",
+        )
+        assert decided is expected, (loaded, marker)
         assert driver_versions.reboot_needed(
             loaded, data.rpm_version(data.RPM_PACKAGES[0], upstream, major)
         ) is (loaded != upstream)
