@@ -4,7 +4,10 @@
 argument_specs.yml is the single source of truth for a role's variables. This check fails when
 - a default has no spec entry, or a spec entry (other than required ones) has no default;
 - a spec's `default` differs from the value in defaults/main.yml;
-- the README table between the markers is not the one generated from the spec.
+- the README table between the markers is not the one generated from the spec;
+- a role that runs other roles (gpu_node) does not carry their options in its own spec, word for word. It
+  includes them without their own validation (each costs a task per host), so its spec validates all of them
+  once; --write copies them in.
 
     check_argspecs.py            # check (CI)
     check_argspecs.py --write    # regenerate the README tables
@@ -63,12 +66,58 @@ def variable_table(options: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+class _IndentedDumper(yaml.SafeDumper):
+    """Lists indented under their key, as yamllint's default `indentation` rule wants."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+# Roles that include others with `rolespec_validate: false`, and the roles they include.
+RUNS = {"gpu_node": ("nvidia_driver", "nvidia_container_toolkit", "nfd_labels")}
+
+
+def _options(role: Path) -> dict[str, dict[str, Any]]:
+    specs = _load(role / "meta/argument_specs.yml").get("argument_specs", {})
+    return dict(specs.get("main", {}).get("options", {}))
+
+
+def check_carried(role: Path, write: bool) -> list[str]:
+    """The options of the roles `role` runs must be in its own spec, after its own, exactly as there."""
+    path = role / "meta/argument_specs.yml"
+    data = _load(path)
+    main = data.get("argument_specs", {}).get("main", {})
+    options: dict[str, dict[str, Any]] = dict(main.get("options", {}))
+    own = {name: spec for name, spec in options.items() if name.startswith(f"{role.name}_")}
+    carried: dict[str, dict[str, Any]] = {}
+    for included in RUNS[role.name]:
+        carried.update(_options(role.parent / included))
+    wanted = {**own, **carried}
+    if list(options.items()) == list(wanted.items()):
+        return []
+    if not write:
+        roles = ", ".join(RUNS[role.name])
+        return [
+            f"{role.name}: meta/argument_specs.yml does not carry the options of {roles} as they are"
+            f" (run {Path(__file__).name} -w)"
+        ]
+    main["options"] = wanted
+    header = path.read_text().split("argument_specs:", 1)[0]  # "---" and any comment above the spec
+    path.write_text(
+        header + yaml.dump(data, Dumper=_IndentedDumper, sort_keys=False, width=90, allow_unicode=True)
+    )
+    return []
+
+
 def check_role(role: Path, write: bool) -> list[str]:
-    problems: list[str] = []
+    problems: list[str] = check_carried(role, write) if role.name in RUNS else []
     specs = _load(role / "meta/argument_specs.yml").get("argument_specs", {})
     if "main" not in specs:
         return [f"{role.name}: meta/argument_specs.yml has no 'main' entry point"]
     options: dict[str, dict[str, Any]] = specs["main"].get("options", {})
+    # Options carried for the roles it runs have their defaults, and their README tables, there.
+    carried = {name for included in RUNS.get(role.name, ()) for name in _options(role.parent / included)}
+    options = {name: spec for name, spec in options.items() if name not in carried}
     defaults = _load(role / "defaults/main.yml")
     for name in sorted(set(defaults) - set(options)):
         problems.append(f"{role.name}: default {name} is not in meta/argument_specs.yml")
