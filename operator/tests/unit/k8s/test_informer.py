@@ -19,8 +19,9 @@ from gpuforge.k8s.cache import (
     node_fingerprint,
     pod_fingerprint,
     trim_node,
+    trim_slice,
 )
-from gpuforge.k8s.client import node_facts
+from gpuforge.k8s.client import node_facts, slices_per_node
 from gpuforge.k8s.informer import ApiError, Informer, Store, key_of, newer, without_managed_fields
 from gpuforge.upgrade.convert import snapshot_from_objects
 from gpuforge.upgrade.planner import Weight
@@ -343,3 +344,34 @@ def test_a_trimmed_node_reads_as_the_whole_node() -> None:
     assert node_facts(trimmed, {}) == node_facts(whole, {})
     now = datetime.now(UTC)
     assert snapshot_from_objects([trimmed], [], now=now) == snapshot_from_objects([whole], [], now=now)
+
+
+def test_a_trimmed_slice_reads_as_the_whole_slice() -> None:
+    """The ResourceSlice cache keeps each device's name, not its attributes: every reading is unchanged."""
+    device = {
+        "name": "gpu-0",
+        "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": 0}},
+        "capacity": {"memory": {"value": "81559Mi"}},
+    }
+    whole = {
+        "metadata": {"name": "n1-gpu", "resourceVersion": "9", "managedFields": [{"manager": "x"}]},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [device, {**device, "name": "gpu-1"}],
+        },
+    }
+    trimmed = trim_slice(whole)
+    assert trimmed["spec"]["devices"] == [{"name": "gpu-0"}, {"name": "gpu-1"}]
+    assert "managedFields" not in trimmed["metadata"] and trimmed["spec"]["pool"] == whole["spec"]["pool"]
+    assert slices_per_node([trimmed]) == slices_per_node([whole])
+    node = {"metadata": {"name": "n1", "resourceVersion": "1"}}
+    now = datetime.now(UTC)
+    assert snapshot_from_objects([node], [], [trimmed], now=now) == snapshot_from_objects(
+        [node], [], [whole], now=now
+    )
+    assert snapshot_from_objects([node], [], [trimmed], now=now).nodes[0].dra_devices("gpu.nvidia.com") == 2
+    # A slice without a device list (another driver's shape, a partial object) is kept as it is.
+    bare = {"metadata": {"name": "s"}, "spec": {"driver": "other"}}
+    assert trim_slice(bare) == bare
