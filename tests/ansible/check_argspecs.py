@@ -82,16 +82,22 @@ def _options(role: Path) -> dict[str, dict[str, Any]]:
     return dict(specs.get("main", {}).get("options", {}))
 
 
-def check_carried(role: Path, write: bool) -> list[str]:
+def _carried(role: Path) -> dict[str, dict[str, Any]]:
+    """The options of the roles `role` runs, in their order (none for a role that runs no other)."""
+    return {
+        name: spec
+        for included in RUNS.get(role.name, ())
+        for name, spec in _options(role.parent / included).items()
+    }
+
+
+def check_carried(role: Path, write: bool, carried: dict[str, dict[str, Any]]) -> list[str]:
     """The options of the roles `role` runs must be in its own spec, after its own, exactly as there."""
     path = role / "meta/argument_specs.yml"
     data = _load(path)
     main = data.get("argument_specs", {}).get("main", {})
     options: dict[str, dict[str, Any]] = dict(main.get("options", {}))
     own = {name: spec for name, spec in options.items() if name.startswith(f"{role.name}_")}
-    carried: dict[str, dict[str, Any]] = {}
-    for included in RUNS[role.name]:
-        carried.update(_options(role.parent / included))
     wanted = {**own, **carried}
     if list(options.items()) == list(wanted.items()):
         return []
@@ -110,13 +116,13 @@ def check_carried(role: Path, write: bool) -> list[str]:
 
 
 def check_role(role: Path, write: bool) -> list[str]:
-    problems: list[str] = check_carried(role, write) if role.name in RUNS else []
+    carried = _carried(role)
+    problems: list[str] = check_carried(role, write, carried) if role.name in RUNS else []
     specs = _load(role / "meta/argument_specs.yml").get("argument_specs", {})
     if "main" not in specs:
         return [f"{role.name}: meta/argument_specs.yml has no 'main' entry point"]
     options: dict[str, dict[str, Any]] = specs["main"].get("options", {})
     # Options carried for the roles it runs have their defaults, and their README tables, there.
-    carried = {name for included in RUNS.get(role.name, ()) for name in _options(role.parent / included)}
     options = {name: spec for name, spec in options.items() if name not in carried}
     defaults = _load(role / "defaults/main.yml")
     for name in sorted(set(defaults) - set(options)):
