@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -232,6 +233,18 @@ class Kube:
     def list_objects(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         """Every item of a collection (`/api/v1/nodes`, ...), fetched in pages of 500."""
         return self._list(path, query)
+
+    def list_side_by_side(
+        self, collections: Mapping[str, tuple[str, Mapping[str, str] | None]]
+    ) -> dict[str, list[Obj]]:
+        """Several whole collections (name -> (path, query)), each read in pages by its own thread: the
+        API server prepares one collection's next page while this process decodes another's."""
+        with ThreadPoolExecutor(max_workers=max(1, len(collections))) as pool:
+            futures = {name: pool.submit(self._list_whole, *read) for name, read in collections.items()}
+            return {name: future.result() for name, future in futures.items()}
+
+    def _list_whole(self, path: str, query: Mapping[str, str] | None) -> list[Obj]:
+        return list(self._list(path, query))
 
     def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         params = {**(query or {}), "limit": "500"}
