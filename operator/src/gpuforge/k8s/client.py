@@ -8,6 +8,7 @@ with force, so drift is corrected and ownership of our fields is unambiguous.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -214,6 +215,19 @@ class Kube:
     ) -> Any:
         """One request to the API server (counted; ApiError on a status >= 400), for kinds this class has
         no method for (the quota webhook's objects)."""
+        data = self._answer(method, path, query=query, body=body, content_type=content_type)
+        return orjson.loads(data) if data else None
+
+    def _answer(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """`request`'s answer, not decoded."""
         verb, resource = rbac_verb(method, path), resource_of(path)
         self.count_request(verb, resource)
         started = time.monotonic()
@@ -228,7 +242,7 @@ class Kube:
             except ValueError:
                 message = data.decode(errors="replace")[:300]
             raise ApiError(status, method, path, message)
-        return orjson.loads(data) if data else None
+        return data
 
     def list_objects(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         """Every item of a collection (`/api/v1/nodes`, ...), fetched in pages of 500."""
@@ -237,14 +251,37 @@ class Kube:
     def list_side_by_side(
         self, collections: Mapping[str, tuple[str, Mapping[str, str] | None]]
     ) -> dict[str, list[Obj]]:
-        """Several whole collections (name -> (path, query)), each read in pages by its own thread: the
-        API server prepares one collection's next page while this process decodes another's."""
-        with ThreadPoolExecutor(max_workers=max(1, len(collections))) as pool:
-            futures = {name: pool.submit(self._list_whole, *read) for name, read in collections.items()}
+        """Several whole collections (name -> (path, query)), each read by its own thread, which asks for
+        a page's successor before decoding it: the API server prepares the next page, and the other
+        collections' pages, while this process decodes."""
+        workers = max(1, len(collections))
+        with ThreadPoolExecutor(workers) as pool, ThreadPoolExecutor(workers) as ahead:
+            futures = {
+                name: pool.submit(self._list_ahead, path, query, ahead)
+                for name, (path, query) in collections.items()
+            }
             return {name: future.result() for name, future in futures.items()}
 
-    def _list_whole(self, path: str, query: Mapping[str, str] | None) -> list[Obj]:
-        return list(self._list(path, query))
+    def _list_ahead(self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor) -> list[Obj]:
+        items: list[Obj] = []
+        params = {**(query or {}), "limit": "500"}
+        data = self._answer("GET", path, query=params)
+        while True:
+            token = _continue_token(data)
+            following = None
+            if token:
+                params = {**params, "continue": token}
+                following = ahead.submit(self._answer, "GET", path, query=params)
+            page = orjson.loads(data)
+            items += page.get("items") or []
+            if following is not None:
+                data = following.result()
+                continue
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:  # read at its place: the last page, or a list whose metadata came after its items
+                return items
+            params = {**params, "continue": token}
+            data = self._answer("GET", path, query=params)
 
     def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         params = {**(query or {}), "limit": "500"}
@@ -471,6 +508,23 @@ class Kube:
             "uid": stack.uid,
         }
         self._post_event(involved, kind, reason, message, {"component": "gpuforge-operator"})
+
+
+# --- list pages (no I/O) -----------------------------------------------------------------------------
+
+
+# The API server encodes a list's metadata (ListMeta) before its items, so a page's continue token is in
+# its first bytes; an opaque token, never with a quote in it.
+_CONTINUE = re.compile(rb'"continue":"([^"]+)"')
+_LIST_HEAD = 4096
+
+
+def _continue_token(page: bytes) -> str | None:
+    """The continue token of a list page, read from its head without decoding it; None when there is
+    none before the items (the last page), or the head is not shaped so."""
+    items = page.find(b'"items":', 0, _LIST_HEAD)
+    found = _CONTINUE.search(page, 0, items) if items > 0 else None
+    return found.group(1).decode() if found else None
 
 
 # --- API objects to typed facts (no I/O) -------------------------------------------------------------

@@ -6,15 +6,18 @@ import json
 import threading
 from typing import Any
 
-from gpuforge.k8s.client import Kube
+import pytest
+
+from gpuforge.k8s.client import Kube, _continue_token
 
 
 class Paged:
     """A transport that serves each collection in pages of two items, continue tokens and all, and
     notes which threads asked."""
 
-    def __init__(self, collections: dict[str, list[str]]) -> None:
+    def __init__(self, collections: dict[str, list[str]], metadata_last: bool = False) -> None:
         self.collections = collections
+        self.metadata_last = metadata_last
         self.threads: set[int] = set()
         self.queries: list[tuple[str, dict[str, str]]] = []
         self._lock = threading.Lock()
@@ -28,15 +31,22 @@ class Paged:
         names = self.collections[path]
         page = names[start : start + 2]
         more = start + 2 < len(names)
-        body = {
-            "metadata": {"continue": str(start + 2)} if more else {},
-            "items": [{"metadata": {"name": name}} for name in page],
+        body: dict[str, Any] = {
+            "kind": "List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": "7", **({"continue": str(start + 2)} if more else {})},
+            "items": [{"metadata": {"name": name, "annotations": {"x": '"continue":"99"'}}} for name in page],
         }
+        if self.metadata_last:
+            body = {"items": body["items"], "metadata": body["metadata"]}
         return 200, json.dumps(body).encode()
 
 
-def test_side_by_side_reads_every_page_of_each_collection() -> None:
-    transport = Paged({"/api/v1/nodes": ["a", "b", "c", "d", "e"], "/api/v1/pods": ["p"], "/x/empty": []})
+@pytest.mark.parametrize("metadata_last", [False, True])
+def test_side_by_side_reads_every_page_of_each_collection(metadata_last: bool) -> None:
+    transport = Paged(
+        {"/api/v1/nodes": ["a", "b", "c", "d", "e"], "/api/v1/pods": ["p"], "/x/empty": []}, metadata_last
+    )
     kube = Kube(transport)  # type: ignore[arg-type]
     read = kube.list_side_by_side(
         {
@@ -57,3 +67,20 @@ def test_side_by_side_reads_every_page_of_each_collection() -> None:
     )
     assert [q.get("continue") for p, q in transport.queries if p == "/api/v1/nodes"] == [None, "2", "4"]
     assert threading.get_ident() not in transport.threads  # read by worker threads, not the caller's
+
+
+@pytest.mark.parametrize(
+    ("page", "token"),
+    [
+        (
+            b'{"kind":"PodList","metadata":{"resourceVersion":"5","continue":"eyJ2Ijo="},"items":[]}',
+            "eyJ2Ijo=",
+        ),
+        (b'{"kind":"PodList","metadata":{"resourceVersion":"5"},"items":[{"continue":"no"}]}', None),
+        # Metadata after the items: the token is read from the decoded page instead.
+        (b'{"items":[{"metadata":{"continue":"no"}}],"metadata":{"continue":"late"}}', None),
+        (b"", None),
+    ],
+)
+def test_continue_token_is_read_from_the_head_of_a_page_only(page: bytes, token: str | None) -> None:
+    assert _continue_token(page) == token
