@@ -94,10 +94,10 @@ def events(cluster: Any, kind: str, name: str, reason: str) -> list[dict[str, An
     return items
 
 
-def gpuforge_plan(cluster: Any, stack: str, *args: str) -> str:
-    """`gpuforge plan`, run as a user runs it."""
+def gpuforge_plan(cluster: Any, stack: str, *args: str, command: str = "plan") -> str:
+    """`gpuforge plan` (or `status`), run as a user runs it."""
     result = subprocess.run(
-        [str(GPUFORGE), "plan", "--stack", stack, f"--kubeconfig={cluster.kubeconfig}", *args],
+        [str(GPUFORGE), command, "--stack", stack, f"--kubeconfig={cluster.kubeconfig}", *args],
         capture_output=True,
         text=True,
         check=False,
@@ -149,6 +149,17 @@ def test_nodes_another_installation_serves_are_left_to_it(
     report = yaml.safe_load(gpuforge_plan(cluster, "coexist", "-o", "yaml"))
     assert {e["node"]: e["reason"] for e in report["servedElsewhere"]} == elsewhere
     assert not {s["node"] for s in report["steps"]} & {LABELLED, ADVERTISING}
+    # `gpuforge status` (which reads no ResourceSlices) shows the free node served, at its version.
+    rows = {
+        r["node"]: r
+        for r in json.loads(gpuforge_plan(cluster, "coexist", "--nodes", "-o", "json", command="status"))
+    }
+    assert (rows[FREE]["mode"], rows[FREE]["version"], rows[FREE]["ready"]) == (
+        "devicePlugin",
+        "v0.20.0",
+        True,
+    )
+    assert all(rows[name]["mode"] == "none" for name in (LABELLED, ADVERTISING) if name in rows)
 
     # Events name each node and why: on the GpuStack, and on each Node, once.
     stack_events = wait_for(
