@@ -263,35 +263,35 @@ class Kube:
             return {name: future.result() for name, future in futures.items()}
 
     def _list_ahead(self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor) -> list[Obj]:
-        items: list[Obj] = []
+        return [item for page in self._pages(path, query, ahead) for item in page.get("items") or []]
+
+    def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
+        for page in self._pages(path, query):
+            yield from page.get("items") or []
+
+    def _pages(
+        self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor | None = None
+    ) -> Iterator[Obj]:
+        """A collection's pages of 500, decoded, in order. With `ahead`, each page's successor is asked for
+        there, from the token in the page's first bytes, before the page is decoded."""
         params = {**(query or {}), "limit": "500"}
         data = self._answer("GET", path, query=params)
         while True:
-            token = _continue_token(data)
+            token = _continue_token(data) if ahead is not None else None
             following = None
-            if token:
+            if token and ahead is not None:
                 params = {**params, "continue": token}
                 following = ahead.submit(self._answer, "GET", path, query=params)
             page = orjson.loads(data)
-            items += page.get("items") or []
+            yield page
             if following is not None:
                 data = following.result()
                 continue
             token = (page.get("metadata") or {}).get("continue")
             if not token:  # read at its place: the last page, or a list whose metadata came after its items
-                return items
+                return
             params = {**params, "continue": token}
             data = self._answer("GET", path, query=params)
-
-    def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
-        params = {**(query or {}), "limit": "500"}
-        while True:
-            page = self.request("GET", path, query=params)
-            yield from page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return
-            params["continue"] = token
 
     # --- discovery ---------------------------------------------------------------------------------
 

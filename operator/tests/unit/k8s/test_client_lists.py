@@ -84,3 +84,11 @@ def test_side_by_side_reads_every_page_of_each_collection(metadata_last: bool) -
 )
 def test_continue_token_is_read_from_the_head_of_a_page_only(page: bytes, token: str | None) -> None:
     assert _continue_token(page) == token
+
+
+@pytest.mark.parametrize("metadata_last", [False, True])
+def test_list_objects_reads_every_page_in_order(metadata_last: bool) -> None:
+    transport = Paged({"/api/v1/nodes": ["a", "b", "c", "d", "e"]}, metadata_last)
+    kube = Kube(transport)  # type: ignore[arg-type]
+    assert [i["metadata"]["name"] for i in kube.list_objects("/api/v1/nodes")] == ["a", "b", "c", "d", "e"]
+    assert [q.get("continue") for _, q in transport.queries] == [None, "2", "4"]
