@@ -154,3 +154,14 @@ def test_the_inotify_instance_limit_is_raised_only_when_lower(
     limit.write_text(before)
     assert realnodes.raise_inotify_limit(limit, 512) == raised
     assert limit.read_text().strip() == after
+
+
+def test_without_podman_there_is_no_node_container_to_remove(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kwok-only cluster on a machine without podman is taken down all the same."""
+
+    def no_podman(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("podman")
+
+    monkeypatch.setattr(realnodes.shutil, "which", lambda name: None)
+    monkeypatch.setattr(realnodes.subprocess, "run", no_podman)
+    assert realnodes.remove_nodes("c1") == []
