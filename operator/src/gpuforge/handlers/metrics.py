@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from gpuforge.heap import GcPauses
 from gpuforge.k8s.stack import Outcome
 from gpuforge.k8s.upgrade import Applied
 from gpuforge.upgrade.model import NodeState
@@ -70,6 +71,15 @@ UPGRADE_STEP_SECONDS = Histogram(
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
 )
 UPGRADE_FAILED = Gauge("gpuforge_upgrade_failed_nodes", "Nodes failed on the current target.", ["stack"])
+GC_PAUSE = Histogram(
+    "gpuforge_gc_pause_seconds",
+    "Pauses of Python's cyclic garbage collector, by generation (2: a full collection; the operator"
+    " settles its heap after each pass, see gpuforge.heap). The whole process, steps in flight included,"
+    " waits for them.",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+GC_PAUSES = GcPauses(lambda generation, seconds: GC_PAUSE.labels(str(generation)).observe(seconds))
 
 
 def record_upgrade(stack: str, outcome: Outcome) -> None:

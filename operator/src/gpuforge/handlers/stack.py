@@ -29,6 +29,7 @@ from gpuforge.api.gpustack import PLURAL
 from gpuforge.constants import FINALIZER, GROUP, VERSION
 from gpuforge.handlers import metrics
 from gpuforge.handlers.pacing import in_flight_interval
+from gpuforge.heap import Heap
 from gpuforge.k8s.cache import ClusterCache
 from gpuforge.k8s.client import Kube
 from gpuforge.k8s.memory import StackMemory
@@ -42,6 +43,11 @@ ERROR_INTERVAL = 5.0
 DEBOUNCE = 0.2  # after a change, wait this long for the rest of its burst (a batch of 100 node updates)
 QUICK_DEBOUNCE = 0.005  # while nodes are in flight: a node's change is acted on this soon, for that node
 SYNC_TIMEOUT = 30.0  # the first pass waits this long for the cache, then lists whatever is not synced
+# The heap is settled after every pass (gpuforge.heap) and thawed, which collects everything in one
+# pause (about a second with 5,000 nodes cached), every 10 minutes when no node is in flight, at least
+# hourly.
+HEAP_THAW_EVERY = 600.0
+HEAP_THAW_AT_MOST = 3600.0
 
 
 @kopf.on.startup()
@@ -118,6 +124,12 @@ def _wakes(memo: kopf.Memo) -> set[Wake]:
     return wakes
 
 
+def _heap(memo: kopf.Memo) -> Heap:
+    """The process's heap, settled after every pass; made at startup, like the wakes."""
+    heap: Heap = memo["heap"]
+    return heap
+
+
 def _memory(memo: kopf.Memo) -> StackMemory:
     """What every GpuStack's passes remember (gpuforge.k8s.memory); made at startup, like the wakes, so
     that every object's copy of the memo shares it."""
@@ -136,6 +148,8 @@ async def start_cache(memo: kopf.Memo, **_: Any) -> None:
     those passes remember between them (see `_memory`)."""
     memo["wakes"] = set()  # first: see _wakes
     memo["memory"] = StackMemory()
+    memo["heap"] = Heap(HEAP_THAW_EVERY, HEAP_THAW_AT_MOST)
+    metrics.GC_PAUSES.install()
     cache = ClusterCache(memo["kube"], lambda node: _wake_all(memo, node))
     await cache.start()
     memo["cache"] = cache
@@ -237,6 +251,7 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
     kube: Kube = memo["kube"]
     cache: ClusterCache | None = memo.get("cache")
     memory = _memory(memo)
+    heap = _heap(memo)
     loop = asyncio.get_running_loop()
     wake = Wake()
 
@@ -277,6 +292,9 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
                 if stepper is not None:
                     stepper.use(None)
                 interval = ERROR_INTERVAL
+                settled = False
+            # What the pass and the watches made since the last settle is collected, the rest frozen.
+            heap.settle(quiet=settled and (stepper is None or stepper.writer.in_flight() == 0))
             last_end = time.monotonic()
             if stepper is not None and stepper.context is not None:
                 # Nodes in flight: quick steps follow their changes; the next whole pass comes on time,

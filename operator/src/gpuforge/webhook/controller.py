@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from gpuforge.api.gpuquota import (
     is_cash_key,
 )
 from gpuforge.constants import QUOTA_LABEL
+from gpuforge.heap import Heap
 from gpuforge.k8s.informer import TimeSlice
 from gpuforge.k8s.quota import ApiError, ChangeHandler, Informer, QuotaApi, without_managed_fields
 from gpuforge.quota.admission import charged_to_parent
@@ -252,9 +252,9 @@ class UsageController:
     _defaults: dict[str, str] = field(default_factory=dict)
     # The spec.hard keys each quota's metric series were exported for (removed with the quota or key).
     _exported: dict[str, set[str]] = field(default_factory=dict)
-    # Set by the process's entry point (not by tests that run the webhook inside their own process).
-    freeze_gc: bool = False
-    _thawed_at: float = 0.0
+    # Set by the process's entry point (not by tests that run the webhook inside their own process):
+    # the heap is settled after each pass (gpuforge.heap).
+    heap: Heap | None = None
 
     def __post_init__(self) -> None:
         self.quotas = Informer(self.api, KIND, transform=without_managed_fields)
@@ -513,21 +513,12 @@ class UsageController:
         self._settle_heap(thaw=True)
 
     def _settle_heap(self, thaw: bool = False) -> None:
-        """Collect what the last pass left and move the rest out of the cyclic GC's reach (with
-        `freeze_gc`). Python's automatic full collections walk every object; with the watch caches of
-        a few thousand workloads one paused the event loop, and every admission waiting on it, for
-        40-180 ms. Collecting here walks only what was made since the previous pass (frozen objects
-        are skipped), so what the caches keep is walked once. Acyclic garbage among frozen objects is
-        still freed at once; a cycle that dies after it was frozen waits until everything is thawed and
-        collected in one pause: at each term's start and then every `resync_seconds`."""
-        if not self.freeze_gc:
-            return
-        now = asyncio.get_running_loop().time()
-        if thaw or now - self._thawed_at >= self.resync_seconds:
-            gc.unfreeze()
-            self._thawed_at = now
-        gc.collect()
-        gc.freeze()
+        """Collect what the last pass left and freeze the rest (`gpuforge.heap`): with the watch caches of
+        a few thousand workloads one automatic full collection paused the event loop, and every
+        admission waiting on it, for 40-180 ms. Everything is thawed and collected in one pause at each
+        term's start and then every `resync_seconds`."""
+        if self.heap is not None:
+            self.heap.settle(thaw=thaw)
 
     async def _relist(self) -> None:
         """(Re)start every informer: each lists its kind with a consistent read, then watches from there.

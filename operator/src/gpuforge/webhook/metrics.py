@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import gc
-import time
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+from gpuforge.heap import GcPauses
 
 REGISTRY: Final = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)  # process_cpu_seconds_total, process_start_time_seconds, memory
@@ -193,21 +193,9 @@ async def probe_event_loop_lag(interval: float = LAG_PROBE_SECONDS) -> None:
         EVENT_LOOP_LAG.observe(max(0.0, loop.time() - asked))
 
 
-class _GcTimer:
-    def __init__(self) -> None:
-        self.started = 0.0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self.started = time.perf_counter()
-        else:
-            GC_PAUSE.labels(str(info.get("generation"))).observe(time.perf_counter() - self.started)
-
-
-_GC_TIMER: Final = _GcTimer()
+_GC_PAUSES: Final = GcPauses(lambda generation, seconds: GC_PAUSE.labels(str(generation)).observe(seconds))
 
 
 def time_gc_pauses() -> None:
-    """Observe every collection of this process in GC_PAUSE (once per process: gc.callbacks is global)."""
-    if _GC_TIMER not in gc.callbacks:
-        gc.callbacks.append(_GC_TIMER)
+    """Observe every collection of this process in GC_PAUSE."""
+    _GC_PAUSES.install()

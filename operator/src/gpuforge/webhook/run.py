@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from gpuforge.heap import Heap
 from gpuforge.k8s.quota import QuotaApi
 from gpuforge.quota.leader import Timing
 from gpuforge.webhook import metrics
@@ -298,8 +299,8 @@ async def run_until_signalled(options: WebhookOptions, endpoint: EndpointFactory
     async with running_webhook(options, endpoint=endpoint) as webhook:
         metrics.time_gc_pauses()
         lag_probe = asyncio.create_task(metrics.probe_event_loop_lag())
-        gc.freeze()  # what start-up made (modules, clients, certificates) stays: see _settle_heap
-        webhook.controller.freeze_gc = True
+        gc.freeze()  # what start-up made (modules, clients, certificates) stays
+        webhook.controller.heap = Heap(thaw_every=options.resync_seconds)
         log.info("GpuQuota webhook serving on %s", webhook.url)
         print(f"serving on {webhook.url}", flush=True)
         try:

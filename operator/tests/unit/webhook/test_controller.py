@@ -70,13 +70,18 @@ async def test_the_heap_is_frozen_after_each_pass_and_thawed_each_resync_when_th
     webhook inside their own process do not, and their objects are never frozen."""
     import gc
 
+    from gpuforge.heap import Heap
     from gpuforge.quota.leader import Gate, Role
+
+    now = [0.0]
 
     api = MemoryApi([quota("a")], [deployment("w", "a", 1)])
     try:
         for freeze in (False, True):
             shell = Shell(api, lambda: NOW)
-            shell.controller.freeze_gc = freeze
+            shell.controller.heap = (
+                Heap(shell.controller.resync_seconds, clock=lambda: now[0]) if freeze else None
+            )
             shell.leadership.gate = Gate(Role.SYNCING, term=1, admit_from=0.0, leading_until=float("inf"))
             gc.unfreeze()
             await shell.controller._rebuild(1)
@@ -91,7 +96,7 @@ async def test_the_heap_is_frozen_after_each_pass_and_thawed_each_resync_when_th
         del cycle, item
         shell.controller._settle_heap()  # frozen, the dead cycle is not collected...
         assert gc.get_freeze_count() >= frozen + 1000
-        shell.controller._thawed_at -= shell.controller.resync_seconds
+        now[0] += shell.controller.resync_seconds
         shell.controller._settle_heap()  # ...until the next resync thaws and collects everything
         assert gc.get_freeze_count() < frozen + 1000
     finally:
