@@ -13,6 +13,7 @@ goes on at once; a `Stepper` acts on each node's changes between whole passes an
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -550,8 +551,10 @@ class Stepper:
         taken = {name for name, w in weights if w.in_progress or w.failed_on}  # started, or failed
         with self._fill_lock:
             taken |= set(self._started)
-        head = [n for n in context.queue if n not in taken and n not in mark.in_flight]
-        names = set(head[: max(0, free) + self.QUEUE_MARGIN])
+        # Only as far into the queue as the head takes: a round per finishing node must not walk the whole
+        # queue (thousands of waiting nodes).
+        head = (n for n in context.queue if n not in taken and n not in mark.in_flight)
+        names = set(itertools.islice(head, max(0, free) + self.QUEUE_MARGIN))
         if not names:
             return
         view = _cached_view(self._cache, context, names)  # these nodes, their pods and slices
