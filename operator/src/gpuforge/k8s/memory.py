@@ -64,5 +64,7 @@ class StackMemory:
     operands: AppliedDigests = field(default_factory=AppliedDigests)  # the rendered operands
     quota: AppliedDigests = field(default_factory=AppliedDigests)  # the quota webhook's objects
     renders: RenderCache = field(default_factory=RenderCache)
-    # Objects from the watch-fed cache are converted for the planner once per resourceVersion.
+    # Objects from the watch-fed cache are converted for the planner once per resourceVersion...
     conversions: ConversionMemo = field(default_factory=ConversionMemo)
+    # ... and Nodes for placement once per resourceVersion, slice count and plugin pod.
+    facts: ConversionMemo = field(default_factory=ConversionMemo)

@@ -13,9 +13,10 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from gpuforge import compat as compat_data
@@ -127,6 +128,15 @@ def _previous_conditions(body: Mapping[str, Any]) -> tuple[Condition, ...]:
         except ModelError:
             continue
     return tuple(out)
+
+
+def _facts(
+    memo: ConversionMemo, item: Mapping[str, Any], slices: Mapping[str, int], with_plugin: Collection[str]
+) -> NodeFacts:
+    """`node_facts`, converted again only when the Node, its slice count or its plugin pod changed."""
+    name = item["metadata"]["name"]
+    tag = ("facts", slices.get(name, 0), name in with_plugin)
+    return memo.get(item, tag, partial(node_facts, item, slices, with_plugin))
 
 
 def _with_claims(kube: Kube, nodes: Sequence[NodeFacts], names: Sequence[str]) -> list[NodeFacts]:
@@ -267,7 +277,8 @@ def reconcile(
     view = read_cluster(kube, dra_api, served, cache)
     slices = slices_per_node(view.slices)
     with_plugin = plugin_nodes(view.pods)
-    nodes = [node_facts(item, slices, with_plugin) for item in view.nodes]
+    memory.facts.next_snapshot()
+    nodes = [_facts(memory.facts, item, slices, with_plugin) for item in view.nodes]
     pods = operand_pods(view.pods, stack.name)
     placement = place(stack, nodes, stacks, pods, served, compat, datetime.now(UTC))
     watch.lap("read")

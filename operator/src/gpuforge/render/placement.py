@@ -43,7 +43,7 @@ from gpuforge.api.gpustack import (
     NodeSelectorRequirement,
     SelectorOperator,
 )
-from gpuforge.compat import Compat, UnknownRelease
+from gpuforge.compat import Compat, Minor, UnknownRelease
 from gpuforge.compat.operands import DRA_KUBELET_PLUGIN, OperandContract, load_operands
 from gpuforge.constants import (
     COMPONENT_DEVICE_PLUGIN,
@@ -242,10 +242,12 @@ def _older_owner(stack: GpuStack, node: NodeFacts, stacks: Sequence[GpuStack]) -
 # --- the whole stack -------------------------------------------------------------------------------------
 
 
-def _compat_problem(stack: GpuStack, node: NodeFacts, served: frozenset[str], compat: Compat) -> str | None:
+def _compat_problem(
+    stack: GpuStack, kubelet_minor: Minor | None, served: frozenset[str], compat: Compat
+) -> str | None:
     if stack.spec.mode is Mode.DRA:
-        return compat.dra_problem(stack.spec.dra.version, node.kubelet_minor, served)
-    return compat.device_plugin_problem(stack.spec.device_plugin.version, node.kubelet_minor)
+        return compat.dra_problem(stack.spec.dra.version, kubelet_minor, served)
+    return compat.device_plugin_problem(stack.spec.device_plugin.version, kubelet_minor)
 
 
 def unsupported_device_class(stack: GpuStack, contract: OperandContract) -> str | None:
@@ -307,6 +309,7 @@ def place(
     conflicts: dict[str, list[str]] = {}
     refusals: dict[str, list[str]] = {}
     foreign: dict[str, list[str]] = {}
+    compat_problems: dict[Minor | None, str | None] = {}  # thousands of nodes, a few kubelet releases
     for node in nodes:
         held_by = node.labels.get(STACK_LABEL)
         if not selects(stack.spec.node_selector, node.labels):
@@ -331,7 +334,12 @@ def place(
             steps.append(NodeStep(node.name, NodeState.PENDING, detail=f"GpuStack {held_by} is releasing it"))
             continue
         runs_ours = held_by == stack.name and node.labels.get(DEPLOY_LABEL[mode], "") not in ("", "false")
-        refusal = stack_refusal or _compat_problem(stack, node, served_resource_versions, compat)
+        refusal = stack_refusal
+        if refusal is None:
+            minor = node.kubelet_minor
+            if minor not in compat_problems:
+                compat_problems[minor] = _compat_problem(stack, minor, served_resource_versions, compat)
+            refusal = compat_problems[minor]
         if refusal is None or mode is Mode.DRA:
             planned.add(node.name)
         if refusal is not None and not runs_ours:

@@ -62,3 +62,18 @@ def test_nodes_with_a_plugin_pod_of_any_stack() -> None:
     ]
     assert plugin_nodes(pods) == {"a", "b"}
     assert node_facts({"metadata": {"name": "b"}}, {}, plugin_nodes(pods)).gpuforge_plugin
+
+
+def test_a_pass_converts_again_only_the_nodes_that_changed_or_whose_slices_or_plugin_did() -> None:
+    from gpuforge.k8s.stack import _facts
+    from gpuforge.upgrade.convert import ConversionMemo
+
+    memo = ConversionMemo()
+    node = node_object({"nvidia.com/gpu": "8"})
+    node["metadata"]["resourceVersion"] = "1"
+    first = _facts(memo, node, {}, frozenset())
+    assert _facts(memo, node, {}, frozenset()) is first  # unchanged: the same facts
+    assert _facts(memo, node, {"n1": 1}, frozenset()).dra_slices == 1  # a slice appeared
+    assert _facts(memo, node, {"n1": 1}, {"n1"}).gpuforge_plugin  # its plugin pod came
+    changed = {**node, "metadata": {**node["metadata"], "resourceVersion": "2", "labels": {"a": "b"}}}
+    assert _facts(memo, changed, {}, frozenset()).labels == {"a": "b"}
