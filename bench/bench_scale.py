@@ -55,6 +55,16 @@ def figures(nodes: int, measured: dict[str, Any]) -> dict[str, float]:
         "cpu_per_100_nodes": round(cpu / (nodes / 100), 3),
         "cpu_ms_per_node": round(1000 * cpu / nodes, 2),
         "added_per_batch": round(diff["reaction"] / nodes, 3),
+        # Its parts: per step (the state entered), seconds per node; and the API server's share.
+        **{
+            f"added_per_node {step}": round(
+                (total - measured["before"]["by_step"].get(step, (0.0, 0))[0]) / nodes, 3
+            )
+            for step, (total, _) in measured["after"]["by_step"].items()
+        },
+        "node_patch_seconds": round(diff["patch sum"] / max(diff["patch count"], 1), 3),
+        "whole_passes": diff["passes"],
+        "whole_passes_seconds": round(diff["passes_seconds"], 1),
         "requests": diff["requests"],
         "requests_per_node": round(diff["requests"] / nodes, 2),
         "peak_mib": round(measured["peak"], 1),
