@@ -10,7 +10,9 @@ Per size:
   migration, divided by nodes / 100): what the operator costs, whatever else shares the machine;
 - API requests per node, the operator's peak memory (VmHWM) and its resident memory before the migration
   per node (what the informers' caches hold), and moments a node advertised through both stacks;
-- the machine's load (1-minute average).
+- the machine's load (1-minute average), and the CPU-seconds of a fixed pure-Python loop measured just
+  before the size's cluster starts: every figure is CPU-bound, so runs on different machines (or days)
+  compare only through it.
 Then a MODEL, a least-squares line through the measured sizes (a fit, not a measurement): the operator's
 total CPU, requests and peak memory as a + b * nodes, extrapolated to 20,000 nodes.
 - `gpuforge status` and `gpuforge plan` once the migration is done: wall time and their own CPU-seconds.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +107,11 @@ def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
                 "name": f"{n} nodes: control-plane peak memory",
                 "value": round(sum(v for k, v in m.items() if k.startswith("peak_mib ")), 0),
                 "unit": "MiB",
-                "note": ", ".join(f"{k.removeprefix('peak_mib ')} {v:.0f}" for k, v in m.items() if k.startswith("peak_mib ")),
+                "note": ", ".join(
+                    f"{k.removeprefix('peak_mib ')} {v:.0f}"
+                    for k, v in m.items()
+                    if k.startswith("peak_mib ")
+                ),
             },
             {"name": f"{n} nodes: migration wall time", "value": m["migration_seconds"], "unit": "s"},
             {
@@ -141,6 +148,17 @@ def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
                 "ok": m["violations"] == 0,
             },
             {"name": f"{n} nodes: machine load (1-minute average)", "value": m["load"], "unit": ""},
+            *(
+                [
+                    {
+                        "name": f"{n} nodes: machine reference (10 million Python additions)",
+                        "value": m["machine_reference_seconds"],
+                        "unit": "s of CPU",
+                    }
+                ]
+                if "machine_reference_seconds" in m
+                else []
+            ),
         ]
         for command in ("status", "plan"):
             if f"{command}_wall_seconds" in m:  # sizes measured before the CLI was timed have none
@@ -193,6 +211,19 @@ def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
     return rows
 
 
+def machine_reference() -> float:
+    """CPU-seconds of a fixed pure-Python loop (10 million additions), the median of three: every
+    figure here is CPU-bound on two cores, so runs on different machines (or the same one on a slower
+    day) compare only through it."""
+    samples = []
+    for _ in range(3):
+        started, total = time.process_time(), 0
+        for i in range(10_000_000):
+            total += i
+        samples.append(time.process_time() - started)
+    return round(sorted(samples)[1], 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -220,9 +251,12 @@ def main() -> None:
     )
     for nodes in sizes:
         print(f"--- {nodes} nodes (load {os.getloadavg()[0]:.1f})", flush=True)
+        reference = machine_reference()
         log = args.logs / f"operator-{nodes}.log" if args.logs else None
         profile = args.logs / f"operator-{nodes}.pyspy" if args.logs and args.profile else None
-        measured.append(figures(nodes, measure(nodes, log, profile)))
+        measured.append(
+            {**figures(nodes, measure(nodes, log, profile)), "machine_reference_seconds": reference}
+        )
         print(json.dumps(measured[-1]), flush=True)
         measured.sort(key=lambda m: m["nodes"])
         write_rows(args.out, rows_of(measured))
