@@ -16,10 +16,12 @@ the monotonic moment (`at`, for write-behind ages), and takes out what to write.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from decimal import Decimal
 
-from gpuforge.api.gpuquota import GpuQuota, GpuQuotaStatus
+from gpuforge.api.gpuquota import GpuQuota, GpuQuotaStatus, ResourceList
 from gpuforge.quota.admission import Allowed, Decision, Denied, WorkloadAsk, admit_workload
 
 
@@ -35,14 +37,40 @@ def not_found(name: str) -> Denied:
     return Denied(f'GpuQuota "{name}" does not exist', quota=name, reason="NotFound", code=404)
 
 
+@dataclass(frozen=True)
+class _Lowering:
+    """A change of hard this leader admitted that the watch does not show yet."""
+
+    hard: ResourceList
+    generation: int  # the object's generation once the change is stored
+    until: datetime  # given up then: the request failed after it was admitted
+
+
 @dataclass
 class _Entry:
-    quota: GpuQuota  # spec and resourceVersion as last seen; the status this ledger holds true
+    quota: GpuQuota  # spec and resourceVersion as last seen, but hard as held; the status held true
+    shown_hard: ResourceList  # hard as the API server last showed it
     counted: bool = False  # recomputed from the workloads since it was loaded
     changes: int = 0  # status changes made here (admissions and recomputes)
     written: int = 0  # changes the API server has (carried by the last successful write)
     # Admissions not written yet: (change number, monotonic moment), oldest first.
     unwritten: deque[tuple[int, float]] = field(default_factory=deque)
+    lowering: _Lowering | None = None
+
+    def hold_hard(self) -> None:
+        """Decide against the lower, key by key, of what the API server shows and what is admitted."""
+        hard = dict(self.shown_hard)
+        if self.lowering is not None:
+            for key, value in self.lowering.hard.items():
+                hard[key] = min(value, hard.get(key, value))
+        if hard != self.quota.hard:
+            self.quota = replace(self.quota, hard=hard)
+
+
+def _give_up_lowering(entry: _Entry, now: datetime) -> None:
+    if entry.lowering is not None and now >= entry.lowering.until:
+        entry.lowering = None
+        entry.hold_hard()
 
 
 class Ledger:
@@ -79,7 +107,7 @@ class Ledger:
     def load(self, quota: GpuQuota) -> None:
         """A quota as read from the API server, status included (a takeover, or a quota new to this
         leader): its reservations are the ones written so far. Not counted until recomputed."""
-        self._entries[quota.name] = _Entry(quota)
+        self._entries[quota.name] = _Entry(quota, shown_hard=quota.hard)
 
     def observe(self, quota: GpuQuota) -> bool:
         """A newer copy of the object (a watch event, or a read after a conflict): take its spec and
@@ -89,10 +117,12 @@ class Ledger:
         if entry is None or (quota.uid and entry.quota.uid and quota.uid != entry.quota.uid):
             return False
         if newer_version(quota.resource_version, entry.quota.resource_version):
+            entry.shown_hard = quota.hard
+            if entry.lowering is not None and quota.generation >= entry.lowering.generation:
+                entry.lowering = None  # stored (or changed again since)
             entry.quota = replace(
                 entry.quota,
                 parent=quota.parent,
-                hard=quota.hard,
                 namespaces=quota.namespaces,
                 namespace_selector=quota.namespace_selector,
                 refill=quota.refill,
@@ -100,7 +130,31 @@ class Ledger:
                 uid=quota.uid or entry.quota.uid,
                 resource_version=quota.resource_version,
             )
+            entry.hold_hard()
         return True
+
+    def lower(self, name: str, hard: Mapping[str, Decimal], generation: int, until: datetime) -> None:
+        """An admitted change of the quota's hard, not stored yet: until the watch shows the object at
+        `generation` (or `until` passes), decisions take the lower of it and the hard shown, key by
+        key. A lowered limit then binds from the moment its change is admitted, not from the moment
+        the watch brings it; a raised one waits for the watch."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return
+        if entry.lowering is not None:
+            held = entry.lowering
+            merged = dict(held.hard)
+            for key, value in hard.items():
+                merged[key] = min(value, merged.get(key, value))
+            entry.lowering = _Lowering(merged, max(generation, held.generation), max(until, held.until))
+        else:
+            entry.lowering = _Lowering(dict(hard), generation, until)
+        entry.hold_hard()
+
+    def expire(self, now: datetime) -> None:
+        """Give up the lowerings whose change was not stored in time."""
+        for entry in self._entries.values():
+            _give_up_lowering(entry, now)
 
     def forget(self, name: str) -> None:
         self._entries.pop(name, None)
@@ -110,13 +164,17 @@ class Ledger:
     def decide(self, name: str, ask: WorkloadAsk, now: datetime) -> Decision:
         """What `admit` would answer, recording nothing (dry-run)."""
         entry = self._entries.get(name)
-        return admit_workload(entry.quota, ask, now) if entry is not None else not_found(name)
+        if entry is None:
+            return not_found(name)
+        _give_up_lowering(entry, now)
+        return admit_workload(entry.quota, ask, now)
 
     def admit(self, name: str, ask: WorkloadAsk, now: datetime, at: float) -> Decision:
         """Decide `ask` against the quota and, if allowed, charge it (a reservation) before answering."""
         entry = self._entries.get(name)
         if entry is None:
             return not_found(name)
+        _give_up_lowering(entry, now)
         decision = admit_workload(entry.quota, ask, now)
         if isinstance(decision, Allowed) and decision.status is not None:
             self._change(entry, decision.status, at)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 # An admitted object is stored within this long (webhook timeout 5 s + --persist-seconds 5 s).
 UNSTORED_SECONDS = 10.0
+UNSTORED = timedelta(seconds=UNSTORED_SECONDS)
 # Workload kinds by the plural of their scale subresource (`deployments/scale`, `rollouts/scale`, ...).
 SCALE_KINDS = {kind.plural: kind.kind for kind in KIND_TABLE if kind.scale_path}
 
@@ -504,13 +505,17 @@ class AdmissionHandlers:
         # What the parent counts of this quota is its hard or, where larger, its usage: the ledger's.
         known = self.ledger.quota(new.name) if self.leadership.holds_ledger() else None
         used = known.status.used if known is not None else None
-        return await self._carve(
+        decision = await self._carve(
             request,
             new.parent or old.parent,
             lambda parent: admit_quota_update(
                 old, new, parent, request.uid, now, children=child_quotas, used=used
             ),
         )
+        changed = isinstance(decision, Allowed) and not request.dry_run and new.hard != old.hard
+        if changed and self.leadership.holds_ledger():  # a lower hard binds before the watch brings it
+            self.ledger.lower(new.name, new.hard, new.generation, now + UNSTORED)
+        return decision
 
     async def _charging(self, quota_name: str) -> list[str]:
         """Workloads that charge `quota_name` now, from a fresh list (quotas are deleted rarely), and
@@ -552,6 +557,7 @@ class AdmissionHandlers:
         refusal = self._refusal(parent_name)
         if refusal is not None:
             return refusal
+        self.ledger.expire(self.clock())
         decision = decide(self.ledger.quota(parent_name))
         if not isinstance(decision, Allowed) or decision.status is None or request.dry_run:
             return decision

@@ -724,6 +724,7 @@ class UsageController:
         has_budgets = any(is_cash_key(key) for quota in self.ledger.quotas() for key in quota.hard)
         await self._watch_pods(has_budgets)
         now = self.clock()
+        self.ledger.expire(now)
         if only is not None and not only_named:
             # Besides the quotas events touched, a pass takes those holding a reservation old enough to
             # expire or whose put-off settling is due.

@@ -118,3 +118,35 @@ def test_a_recompute_counts_workloads_and_settles_reservations() -> None:
 def test_resource_versions_compare_as_numbers() -> None:
     assert newer_version("10", "9") and not newer_version("9", "10") and not newer_version("9", "9")
     assert newer_version("b", "a") and not newer_version("a", "a")
+
+
+def test_an_admitted_lowering_binds_before_the_watch_brings_it() -> None:
+    ledger = Ledger()
+    ledger.load(quota(hard=4))
+    ledger.lower("q", {GPU: Decimal(1)}, generation=2, until=NOW + timedelta(seconds=10))
+    assert isinstance(ledger.admit("q", ask("a"), NOW, at=0.0), Allowed)
+    answer = ledger.admit("q", ask("b"), NOW, at=0.0)
+    assert isinstance(answer, Denied) and "only 0 is left (1 of 1 used)" in answer.message
+    # A status write shows the object before the change is stored: the lowering still holds.
+    ledger.observe(replace(quota(hard=4, version="6"), generation=1))
+    assert isinstance(ledger.decide("q", ask("b"), NOW), Denied)
+    # The stored change ends it; from then on the API server's hard is the one held.
+    ledger.observe(replace(quota(hard=3, version="7"), generation=2))
+    held = ledger.quota("q")
+    assert held is not None and held.hard == {GPU: Decimal(3)}
+
+
+def test_a_raise_waits_for_the_watch_and_a_lowering_never_stored_is_given_up() -> None:
+    ledger = Ledger()
+    ledger.load(quota(hard=2))
+    ledger.lower("q", {GPU: Decimal(8)}, generation=2, until=NOW + timedelta(seconds=10))
+    held = ledger.quota("q")
+    assert held is not None and held.hard == {GPU: Decimal(2)}
+    ledger.lower("q", {GPU: Decimal(0)}, generation=3, until=NOW + timedelta(seconds=10))
+    assert isinstance(ledger.decide("q", ask("a"), NOW), Denied)
+    # The request failed after admission (another webhook refused it): ten seconds on, it is given up.
+    assert isinstance(ledger.decide("q", ask("a"), NOW + timedelta(seconds=10)), Allowed)
+    ledger.lower("q", {GPU: Decimal(0)}, generation=4, until=NOW + timedelta(seconds=30))
+    ledger.expire(NOW + timedelta(seconds=30))
+    held = ledger.quota("q")
+    assert held is not None and held.hard == {GPU: Decimal(2)}
