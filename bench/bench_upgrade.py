@@ -9,13 +9,11 @@ the wall time is mostly the operator's passes and the control plane's work. Repo
   window (a node that finishes frees its slot for the next), so a batch of 100 takes one node cycle, and
   the operator's share of a node's cycle is the sum over its steps (admission with cordon and old stack
   off; new stack on; uncordon) of the time from the change allowing the step reaching the operator (the
-  latest watch event about that node; for an admission, the change that let the node whose slot it takes
-  finish, or the spec change) to the step's node patch landing: debounce, planning, waiting for a free
-  writer, and the patch's round trip (gpuforge_upgrade_step_reaction_seconds, summed over the migration,
-  divided by the nodes). The rest of the cycle is the cluster's: kwok deleting and starting pods, the
-  simulated agent advertising, watch delivery. (An admission's time includes the uncordon of the node it
-  replaces, which that node's own uncordon step counts too, so the sum over-counts a slot's cycle by the
-  uncordon: the figure is on the safe side.)
+  latest watch event about that node; for an admission, the landing of the uncordon that freed its slot,
+  or the spec change) to the step's node patch landing: debounce, planning, waiting for a free writer,
+  and the patch's round trip (gpuforge_upgrade_step_reaction_seconds, summed over the migration, divided
+  by the nodes). The rest of the cycle is the cluster's: kwok deleting and starting pods, the simulated
+  agent advertising, watch delivery.
 - what the API server's answers cost inside those reactions: the average round trip of a node patch and
   of an event (gpuforge_api_request_duration_seconds);
 - time nodes spent in wait-old-gone and validation-required on average (gpuforge_upgrade_step_seconds):
@@ -49,6 +47,7 @@ from typing import Any
 from harness import (
     Operator,
     cluster_with_operator,
+    control_plane_cpu_seconds,
     control_plane_peaks_mib,
     cpu_seconds,
     peak_rss_mib,
@@ -231,12 +230,18 @@ def measure(
                 stderr=subprocess.DEVNULL,
             )
         load = os.getloadavg()[0]
+        cluster_cpu_before = control_plane_cpu_seconds(cluster)
         started = time.monotonic()
         cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
         _wait("every node on DRA", lambda: _done(cluster, nodes, "dra"), 1800 + nodes / 2, cluster)
         wall = time.monotonic() - started
         load = max(load, os.getloadavg()[0])
         after = _readings(process)
+        cluster_cpu = {
+            component: round(used - cluster_cpu_before[component], 1)
+            for component, used in control_plane_cpu_seconds(cluster).items()
+            if component in cluster_cpu_before
+        }
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(timeout=60)
@@ -256,6 +261,7 @@ def measure(
         "violations": violations,
         "up": timings["up"],
         "control_plane": control_plane,
+        "control_plane_cpu": cluster_cpu,
         "cli": cli,
     }
 

@@ -475,7 +475,7 @@ class Stepper:
                 }
             self.context = context
 
-    def _landed(self, transition: Transition, applied: Applied, caused: float | None) -> None:
+    def _landed(self, transition: Transition, applied: Applied, _caused: float | None) -> None:
         self._report(applied)
         if transition.starts:
             with self._fill_lock:
@@ -484,7 +484,9 @@ class Stepper:
                 elif transition.node in self._started:
                     self._started[transition.node] = self.writer.mark().landed
         if transition.ends and not applied.errors:
-            self.fill(caused)
+            # The slot is free from now: the admission that takes it is timed from here, not from the
+            # change that let this node finish (that wait is this step's own reaction).
+            self.fill(time.monotonic())
 
     def quick(self, names: Iterable[str], woken_at: float | None, now: datetime) -> int | None:
         """Queue the next step of each node among `names` that is in flight; how many were queued, None

@@ -4,6 +4,7 @@ in-memory stand-in for the API server's Nodes (no cluster: the real one is in te
 - A node with a write in flight gets no other write until it lands, and whoever was left out is told
   when it lands; a step planned from a view older than our latest write to its node is left out.
 - Admissions in flight count as landed when slots are weighed, uncordons only once landed.
+- The admission that fills a finished node's slot is timed from that node's last patch landing.
 
 A whole migration under random patch latencies and real threads is in
 tests/integration/upgrade/test_stepper_stress.py (it takes seconds, and its interleavings vary by run).
@@ -12,13 +13,14 @@ tests/integration/upgrade/test_stepper_stress.py (it takes seconds, and its inte
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from stepper_world import Cluster, node
 
 from gpuforge.constants import DEPLOY_DEVICE_PLUGIN_LABEL, NODE_STATE_LABEL
-from gpuforge.k8s.upgrade import Writer, overlaid
+from gpuforge.k8s.upgrade import Applied, Stepper, Writer, overlaid
 from gpuforge.upgrade.model import NodeState, SetLabels, Transition, Uncordon
 
 
@@ -114,3 +116,30 @@ def test_admissions_in_flight_count_as_landed_uncordons_only_once_landed() -> No
     assert "resourceVersion" not in a["metadata"]  # never mistaken for the stored copy
     assert b is nodes[1] and b["spec"]["unschedulable"] is True
     assert DEPLOY_DEVICE_PLUGIN_LABEL in nodes[0]["metadata"]["labels"]  # the cached copy is untouched
+
+
+def test_a_freed_slot_is_filled_as_a_reaction_to_the_landing_that_freed_it() -> None:
+    """The uncordon's reaction runs from its cause to its landing; the next admission's from that
+    landing on, so a slot's cycle counts the uncordon's round trip once."""
+    cluster = Cluster(["a"], budget=1)
+    patch = cluster.patch_node
+
+    def slow_patch(name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        time.sleep(0.05)
+        return patch(name, body)
+
+    cluster.patch_node = slow_patch  # type: ignore[method-assign]
+    writer = Writer(cluster, cluster)  # type: ignore[arg-type]
+    reports: list[Applied] = []
+    stepper = Stepper(cluster, cluster, writer, reports.append, lambda _: None)  # type: ignore[arg-type]
+    fills: list[float | None] = []
+    stepper.fill = fills.append  # type: ignore[method-assign]
+    caused = time.monotonic()
+    done = transition("a", Uncordon(), ends=True)
+    futures = writer.submit([done], cluster.snapshot({"a"}), writer.mark(), lambda _: caused, stepper._landed)
+    futures["a"].result(5)
+    writer.close()
+    ((entered, reaction),) = reports[0].reactions
+    assert entered == "upgrade-done" and reaction >= 0.05
+    (slot_freed,) = fills
+    assert slot_freed is not None and slot_freed >= caused + reaction
