@@ -350,17 +350,11 @@ class Kube:
 
     # --- GpuStacks -------------------------------------------------------------------------------------
 
-    def get_stack(self, name: str) -> Obj | None:
-        try:
-            result: Obj = self.request("GET", _path(f"{GROUP}/{VERSION}", PLURAL, name=name))
-        except ApiError as err:
-            if err.status == 404:
-                return None
-            raise
-        return result
-
     def list_stacks(self) -> list[GpuStack]:
-        return [GpuStack.from_body(item) for item in self._list(_path(f"{GROUP}/{VERSION}", PLURAL))]
+        return [GpuStack.from_body(item) for item in self.list_stack_bodies()]
+
+    def list_stack_bodies(self) -> list[Obj]:
+        return list(self._list(_path(f"{GROUP}/{VERSION}", PLURAL)))
 
     def patch_stack_status(self, name: str, status: Mapping[str, Any]) -> None:
         path = _path(f"{GROUP}/{VERSION}", PLURAL, name=name) + "/status"

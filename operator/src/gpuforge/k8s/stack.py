@@ -263,12 +263,14 @@ def reconcile(
     steps are queued rather than waited for, and the stepper gets the pass's context for quick steps.
     `memory` is what passes remember between them (what was applied, renders, conversions)."""
     watch = _Stopwatch()
-    body = kube.get_stack(name)
+    # One read gives this GpuStack and the others, whose nodes and operands it must leave alone.
+    bodies = kube.list_stack_bodies()
+    body = next((item for item in bodies if item["metadata"]["name"] == name), None)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
     stack = GpuStack.from_body(body)
     compat = compat_data.load()
-    stacks = kube.list_stacks()
+    stacks = [stack if item is body else GpuStack.from_body(item) for item in bodies]
     served = kube.served_versions()
     # OpenShift: the SecurityContextConstraints API is served (discovery, as NVIDIA's charts check it)
     openshift_scc = bool(kube.served_versions(OPENSHIFT_SCC_GROUP))
