@@ -10,6 +10,8 @@ Per size:
   migration, divided by nodes / 100): what the operator costs, whatever else shares the machine;
 - API requests per node, the operator's peak memory (VmHWM) and its resident memory before the migration
   per node (what the informers' caches hold), and moments a node advertised through both stacks;
+- where the rest of the machine's CPU went during the migration: CPU-seconds of each process the local
+  control plane started (API server, etcd, kwok, the simulated agent, ...);
 - the machine's load (1-minute average), and the CPU-seconds of a fixed pure-Python loop measured just
   before the size's cluster starts: every figure is CPU-bound, so runs on different machines (or days)
   compare only through it.
@@ -75,6 +77,8 @@ def figures(nodes: int, measured: dict[str, Any]) -> dict[str, float]:
         "violations": measured["violations"],
         "load": round(measured["load"], 1),
         **{f"peak_mib {name}": mib for name, mib in measured["control_plane"].items()},
+        # Where the machine's CPU went during the migration, besides the operator.
+        **{f"cpu_seconds {name}": used for name, used in measured.get("control_plane_cpu", {}).items()},
         **{
             f"{command}_{what}_seconds": round(value, 2)
             for command, timing in measured.get("cli", {}).items()
@@ -114,6 +118,22 @@ def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
                 ),
             },
             {"name": f"{n} nodes: migration wall time", "value": m["migration_seconds"], "unit": "s"},
+            *(
+                [
+                    {
+                        "name": f"{n} nodes: control-plane CPU during the migration",
+                        "value": round(sum(v for k, v in m.items() if k.startswith("cpu_seconds ")), 0),
+                        "unit": "s of CPU",
+                        "note": ", ".join(
+                            f"{k.removeprefix('cpu_seconds ')} {v:.0f}"
+                            for k, v in m.items()
+                            if k.startswith("cpu_seconds ")
+                        ),
+                    }
+                ]
+                if any(k.startswith("cpu_seconds ") for k in m)
+                else []
+            ),
             {
                 "name": f"{n} nodes: operator time added per batch of 100",
                 "value": m["added_per_batch"],

@@ -61,6 +61,18 @@ def control_plane_peaks_mib(cluster: DevCluster) -> dict[str, float]:
     return peaks
 
 
+def control_plane_cpu_seconds(cluster: DevCluster) -> dict[str, float]:
+    """CPU-seconds used so far by each process the cluster started, by component."""
+    state = cluster.load_state()
+    used: dict[str, float] = {}
+    for component, record in (state.processes if state else {}).items():
+        try:
+            used[component] = cpu_seconds(record.pid)
+        except OSError:
+            continue
+    return used
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
