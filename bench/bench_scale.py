@@ -96,6 +96,16 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
+def per_process(m: dict[str, float], figure: str, name: str, unit: str) -> list[dict[str, Any]]:
+    """A row summing a figure kept per control-plane process (`"<figure> <process>"`), each process in its
+    note; none for a size measured before the figure was kept."""
+    parts = {k.removeprefix(f"{figure} "): v for k, v in m.items() if k.startswith(f"{figure} ")}
+    if not parts:
+        return []
+    note = ", ".join(f"{process} {v:.0f}" for process, v in parts.items())
+    return [{"name": name, "value": round(sum(parts.values()), 0), "unit": unit, "note": note}]
+
+
 def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for m in measured:
@@ -107,33 +117,9 @@ def rows_of(measured: list[dict[str, float]]) -> list[dict[str, Any]]:
 
         rows += [
             {"name": f"{n} nodes: control plane up, every node Ready", "value": m["up_seconds"], "unit": "s"},
-            {
-                "name": f"{n} nodes: control-plane peak memory",
-                "value": round(sum(v for k, v in m.items() if k.startswith("peak_mib ")), 0),
-                "unit": "MiB",
-                "note": ", ".join(
-                    f"{k.removeprefix('peak_mib ')} {v:.0f}"
-                    for k, v in m.items()
-                    if k.startswith("peak_mib ")
-                ),
-            },
+            *per_process(m, "peak_mib", f"{n} nodes: control-plane peak memory", "MiB"),
             {"name": f"{n} nodes: migration wall time", "value": m["migration_seconds"], "unit": "s"},
-            *(
-                [
-                    {
-                        "name": f"{n} nodes: control-plane CPU during the migration",
-                        "value": round(sum(v for k, v in m.items() if k.startswith("cpu_seconds ")), 0),
-                        "unit": "s of CPU",
-                        "note": ", ".join(
-                            f"{k.removeprefix('cpu_seconds ')} {v:.0f}"
-                            for k, v in m.items()
-                            if k.startswith("cpu_seconds ")
-                        ),
-                    }
-                ]
-                if any(k.startswith("cpu_seconds ") for k in m)
-                else []
-            ),
+            *per_process(m, "cpu_seconds", f"{n} nodes: control-plane CPU during the migration", "s of CPU"),
             {
                 "name": f"{n} nodes: operator time added per batch of 100",
                 "value": m["added_per_batch"],
