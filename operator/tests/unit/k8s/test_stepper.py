@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stepper_world import Cluster, node
@@ -30,16 +30,21 @@ def transition(name: str, *actions: Any, ends: bool = False) -> Transition:
     return Transition(name, NodeState.WAIT_OLD_GONE, NodeState.VALIDATION_REQUIRED, actions, "step")
 
 
-def test_a_node_with_a_write_in_flight_gets_no_other_until_it_lands() -> None:
-    cluster = Cluster(["a"], budget=1)
-    release = threading.Event()
+def delay_patches(cluster: Cluster, wait: Callable[[], object]) -> None:
+    """Each node patch answers only after `wait()` returns."""
     patch = cluster.patch_node
 
     def slow_patch(name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        release.wait(5)
+        wait()
         return patch(name, body)
 
     cluster.patch_node = slow_patch  # type: ignore[method-assign]
+
+
+def test_a_node_with_a_write_in_flight_gets_no_other_until_it_lands() -> None:
+    cluster = Cluster(["a"], budget=1)
+    release = threading.Event()
+    delay_patches(cluster, lambda: release.wait(5))
     writer = Writer(cluster, cluster)  # type: ignore[arg-type]
     snapshot = cluster.snapshot({"a"})
     retried: list[str] = []
@@ -122,13 +127,7 @@ def test_a_freed_slot_is_filled_as_a_reaction_to_the_landing_that_freed_it() -> 
     """The uncordon's reaction runs from its cause to its landing; the next admission's from that
     landing on, so a slot's cycle counts the uncordon's round trip once."""
     cluster = Cluster(["a"], budget=1)
-    patch = cluster.patch_node
-
-    def slow_patch(name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        time.sleep(0.05)
-        return patch(name, body)
-
-    cluster.patch_node = slow_patch  # type: ignore[method-assign]
+    delay_patches(cluster, lambda: time.sleep(0.05))
     writer = Writer(cluster, cluster)  # type: ignore[arg-type]
     reports: list[Applied] = []
     stepper = Stepper(cluster, cluster, writer, reports.append, lambda _: None)  # type: ignore[arg-type]
