@@ -59,18 +59,22 @@ class _Entry:
 
     def hold_hard(self) -> None:
         """Decide against the lower, key by key, of what the API server shows and what is admitted."""
-        hard = dict(self.shown_hard)
-        if self.lowering is not None:
-            for key, value in self.lowering.hard.items():
-                hard[key] = min(value, hard.get(key, value))
+        hard = _lowest(self.shown_hard, self.lowering.hard) if self.lowering is not None else self.shown_hard
         if hard != self.quota.hard:
             self.quota = replace(self.quota, hard=hard)
 
+    def give_up_lowering(self, now: datetime) -> None:
+        if self.lowering is not None and now >= self.lowering.until:
+            self.lowering = None
+            self.hold_hard()
 
-def _give_up_lowering(entry: _Entry, now: datetime) -> None:
-    if entry.lowering is not None and now >= entry.lowering.until:
-        entry.lowering = None
-        entry.hold_hard()
+
+def _lowest(first: ResourceList, second: ResourceList) -> dict[str, Decimal]:
+    """Both limits, key by key: the lower where both set one."""
+    lowest = dict(first)
+    for key, value in second.items():
+        lowest[key] = min(value, lowest.get(key, value))
+    return lowest
 
 
 class Ledger:
@@ -88,9 +92,14 @@ class Ledger:
     def names(self) -> list[str]:
         return list(self._entries)
 
-    def quota(self, name: str) -> GpuQuota | None:
+    def quota(self, name: str, now: datetime | None = None) -> GpuQuota | None:
+        """The quota as decisions see it; with `now`, a lowering not stored by then is given up first."""
         entry = self._entries.get(name)
-        return entry.quota if entry is not None else None
+        if entry is None:
+            return None
+        if now is not None:
+            entry.give_up_lowering(now)
+        return entry.quota
 
     def quotas(self) -> list[GpuQuota]:
         return [entry.quota for entry in self._entries.values()]
@@ -143,9 +152,7 @@ class Ledger:
             return
         if entry.lowering is not None:
             held = entry.lowering
-            merged = dict(held.hard)
-            for key, value in hard.items():
-                merged[key] = min(value, merged.get(key, value))
+            merged = _lowest(held.hard, hard)
             entry.lowering = _Lowering(merged, max(generation, held.generation), max(until, held.until))
         else:
             entry.lowering = _Lowering(dict(hard), generation, until)
@@ -154,7 +161,7 @@ class Ledger:
     def expire(self, now: datetime) -> None:
         """Give up the lowerings whose change was not stored in time."""
         for entry in self._entries.values():
-            _give_up_lowering(entry, now)
+            entry.give_up_lowering(now)
 
     def forget(self, name: str) -> None:
         self._entries.pop(name, None)
@@ -166,7 +173,7 @@ class Ledger:
         entry = self._entries.get(name)
         if entry is None:
             return not_found(name)
-        _give_up_lowering(entry, now)
+        entry.give_up_lowering(now)
         return admit_workload(entry.quota, ask, now)
 
     def admit(self, name: str, ask: WorkloadAsk, now: datetime, at: float) -> Decision:
@@ -174,7 +181,7 @@ class Ledger:
         entry = self._entries.get(name)
         if entry is None:
             return not_found(name)
-        _give_up_lowering(entry, now)
+        entry.give_up_lowering(now)
         decision = admit_workload(entry.quota, ask, now)
         if isinstance(decision, Allowed) and decision.status is not None:
             self._change(entry, decision.status, at)

@@ -557,8 +557,7 @@ class AdmissionHandlers:
         refusal = self._refusal(parent_name)
         if refusal is not None:
             return refusal
-        self.ledger.expire(self.clock())
-        decision = decide(self.ledger.quota(parent_name))
+        decision = decide(self.ledger.quota(parent_name, self.clock()))
         if not isinstance(decision, Allowed) or decision.status is None or request.dry_run:
             return decision
         self.ledger.charge(parent_name, decision.status, self.writer.clock.monotonic())
