@@ -193,13 +193,14 @@ def _pass(
         metrics.record_nodes(name, to_dict(outcome.status.nodes), outcome.status.phase.value == "Ready")
         metrics.record_upgrade(name, outcome)
         log.info(
-            "reconciled GpuStack %s: %s, nodes %s, applied %d, pruned %d, labelled %d",
+            "reconciled GpuStack %s: %s, nodes %s, applied %d, pruned %d, labelled %d (%s)",
             name,
             outcome.status.phase.value,
             outcome.status.nodes_ready,
             outcome.applied,
             outcome.pruned,
             outcome.labelled,
+            ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in outcome.phases.items()),
             extra={"stack": name, "phase": outcome.status.phase.value},
         )
     return outcome
@@ -282,11 +283,12 @@ async def reconcile_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Me
             since, _whole = wake.take_pass()
             if woken and since is not None:  # how long the change that woke this pass waited for it
                 metrics.WAKE_DELAY_SECONDS.labels(name).observe(time.monotonic() - max(since, last_end))
-            started = time.monotonic()
             try:
                 outcome = await asyncio.to_thread(_pass, kube, name, memory, cache, since, stepper)
-                settled = outcome is None or outcome.settled
-                interval = IDLE_RESYNC if settled else in_flight_interval(time.monotonic() - started)
+                if outcome is None or outcome.settled:
+                    settled, interval = True, IDLE_RESYNC
+                else:
+                    settled, interval = False, in_flight_interval(outcome.phases)
             except Exception as err:  # any failure: log, back off, try again; the daemon must not die
                 log.exception("reconcile of GpuStack %s failed: %s", name, err)
                 if stepper is not None:

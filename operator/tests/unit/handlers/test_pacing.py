@@ -1,10 +1,12 @@
-"""Whole passes while nodes are in flight: every 5 s, spaced out in proportion to their own length."""
+"""Whole passes while nodes are in flight: every 5 s, spaced out in proportion to the time they took to
+read and plan the nodes."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpuforge.handlers.pacing import (
+    FLEET_PHASES,
     PASS_SPACING,
     WHOLE_PASS_AT_MOST,
     WHOLE_PASS_EVERY,
@@ -12,21 +14,26 @@ from gpuforge.handlers.pacing import (
 )
 
 
+def passed(read: float, plan: float, operands: float = 0.0) -> dict[str, float]:
+    return {"read": read, "plan": plan, "nodes": 0.01, "operands": operands, "status": 0.05}
+
+
 @pytest.mark.parametrize(
-    ("last_pass", "interval"),
+    ("phases", "interval"),
     [
-        (0.0, WHOLE_PASS_EVERY),
-        (0.3, WHOLE_PASS_EVERY),  # a 1,000-node pass: as before
-        (WHOLE_PASS_EVERY / PASS_SPACING, WHOLE_PASS_EVERY),
-        (2.0, 2.0 * PASS_SPACING),  # a 5,000-node pass on a loaded machine
-        (4.0, 4.0 * PASS_SPACING),  # ... on a machine half as fast: not capped at 30 s any more
-        (26.0, WHOLE_PASS_AT_MOST),  # 40,000 nodes, or a pass that labelled 2,000 nodes
+        ({}, WHOLE_PASS_EVERY),
+        (passed(0.2, 0.1), WHOLE_PASS_EVERY),  # 1,000 nodes
+        (passed(WHOLE_PASS_EVERY / PASS_SPACING, 0.0), WHOLE_PASS_EVERY),
+        (passed(1.0, 0.6), 1.6 * PASS_SPACING),  # 5,000 nodes on a loaded machine
+        (passed(0.2, 0.1, operands=20.0), WHOLE_PASS_EVERY),  # a new spec's operands, on a busy server
+        (passed(6.0, 3.0), WHOLE_PASS_AT_MOST),  # tens of thousands of nodes
     ],
 )
-def test_in_flight_interval(last_pass: float, interval: float) -> None:
-    assert in_flight_interval(last_pass) == pytest.approx(interval)
+def test_in_flight_interval(phases: dict[str, float], interval: float) -> None:
+    assert in_flight_interval(phases) == pytest.approx(interval)
 
 
 def test_whole_passes_stay_a_bounded_share_of_the_time() -> None:
-    for last_pass in (0.1, 1.0, WHOLE_PASS_AT_MOST / PASS_SPACING):
-        assert last_pass / (last_pass + in_flight_interval(last_pass)) <= 1 / (1 + PASS_SPACING)
+    for fleet in (0.1, 1.0, WHOLE_PASS_AT_MOST / PASS_SPACING):
+        phases = {phase: fleet / len(FLEET_PHASES) for phase in FLEET_PHASES}
+        assert fleet / (fleet + in_flight_interval(phases)) <= 1 / (1 + PASS_SPACING) + 1e-9
