@@ -48,10 +48,10 @@ test-unit: venv ## Unit tests of the pure core (no cluster)
 	cd operator && $(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
 test-integration: controlplane realnodes ## Tests against the real local control plane
-	cd operator && $(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
+	cd operator && $(BIN)/pytest -q --durations=20 tests/integration $(PYTEST_ARGS)
 
 test: venv controlplane realnodes lint $(EXTRA_LINT) ## Set everything up and run every test (and the demo)
-	cd operator && $(BIN)/pytest -q tests $(PYTEST_ARGS)
+	cd operator && $(BIN)/pytest -q --durations=20 tests $(PYTEST_ARGS)
 	$(if $(strip $(EXTRA_TESTS)),@$(MAKE) --no-print-directory $(EXTRA_TESTS))
 	$(if $(filter no,$(DEMO_CHECK)),@echo "==> demo-check skipped (DEMO_CHECK=no)",@$(MAKE) --no-print-directory demo-check)
 
