@@ -238,7 +238,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="with --logs: sample the operator's CPU with py-spy during each migration (a dev dependency)",
+        help="with --logs: sample the operator's CPU with py-spy during each migration (a dev dependency),"
+        " profile the controller-manager meanwhile (pprof), and sample `status` and `plan` once each",
     )
     parser.add_argument(
         "--add",

@@ -33,6 +33,7 @@ Usage: python bench/bench_upgrade.py --out bench/results/upgrade.json [--nodes 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    GoProfiles,
     Operator,
     cluster_with_operator,
     control_plane_cpu_seconds,
@@ -182,9 +184,39 @@ def cli_timing(cluster: DevCluster, command: str) -> dict[str, float]:
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime}
 
 
-def measure(
-    nodes: int, log: Path | None = None, profile: Path | None = None
-) -> dict[str, Any]:
+def cli_profile(cluster: DevCluster, command: str, out: Path) -> None:
+    """`gpuforge <command>` sampled by py-spy at 250 Hz, idle time included (it waits for the API server
+    too), as collapsed stacks in `out`."""
+    subprocess.run(
+        [
+            str(Path(sys.executable).with_name("py-spy")),
+            "record",
+            "--format",
+            "raw",
+            "--idle",
+            "--rate",
+            "250",
+            "--output",
+            str(out),
+            "--",
+            sys.executable,
+            "-m",
+            "gpuforge",
+            command,
+            "-o",
+            "json",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,  # py-spy can lose the race to reap a quick child ("No child process") once done
+    )
+    if not out.exists() or out.stat().st_size == 0:
+        raise RuntimeError(f"py-spy recorded nothing of gpuforge {command}")
+
+
+def measure(nodes: int, log: Path | None = None, profile: Path | None = None) -> dict[str, Any]:
     """One migration of `nodes` simulated nodes from the device plugin to DRA; the raw readings."""
     timings: dict[str, float] = {}
     with cluster_with_operator("bench-upgrade", nodes, keep_log=log, timings=timings) as (cluster, process):
@@ -231,25 +263,34 @@ def measure(
             )
         load = os.getloadavg()[0]
         cluster_cpu_before = control_plane_cpu_seconds(cluster)
-        started = time.monotonic()
-        cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
-        _wait("every node on DRA", lambda: _done(cluster, nodes, "dra"), 1800 + nodes / 2, cluster)
-        wall = time.monotonic() - started
-        load = max(load, os.getloadavg()[0])
-        after = _readings(process)
-        cluster_cpu = {
-            component: round(used - cluster_cpu_before[component], 1)
-            for component, used in control_plane_cpu_seconds(cluster).items()
-            if component in cluster_cpu_before
-        }
-        if profiler is not None:
-            profiler.send_signal(signal.SIGINT)
-            profiler.wait(timeout=60)
+        controller_manager = (
+            GoProfiles(cluster, "kcm", profile.with_name(f"{profile.stem}-kube-controller-manager"))
+            if profile
+            else contextlib.nullcontext()
+        )
+        with controller_manager:
+            started = time.monotonic()
+            cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
+            _wait("every node on DRA", lambda: _done(cluster, nodes, "dra"), 1800 + nodes / 2, cluster)
+            wall = time.monotonic() - started
+            load = max(load, os.getloadavg()[0])
+            after = _readings(process)
+            cluster_cpu = {
+                component: round(used - cluster_cpu_before[component], 1)
+                for component, used in control_plane_cpu_seconds(cluster).items()
+                if component in cluster_cpu_before
+            }
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                profiler.wait(timeout=60)
         if log:  # the operator's metrics at the end, next to its log
             log.with_suffix(".metrics").write_text(process.metrics())
         peak = peak_rss_mib(process.pid)
         violations = len(cluster.violations())
         cli = {command: cli_timing(cluster, command) for command in ("status", "plan")}
+        if profile:  # once more each, sampled (py-spy's own time stays out of the timings above)
+            for command in ("status", "plan"):
+                cli_profile(cluster, command, profile.with_name(f"{profile.stem}-{command}{profile.suffix}"))
         control_plane = control_plane_peaks_mib(cluster)
     return {
         "before": before,
@@ -274,8 +315,9 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="sample the operator's Python CPU with py-spy during the migration (collapsed stacks, for"
-        " flame graphs; py-spy is a dev dependency)",
+        help="sample the operator's Python CPU with py-spy during the migration into this file (collapsed"
+        " stacks, for flame graphs; py-spy is a dev dependency); next to it, the controller-manager's CPU"
+        " profiles during the migration (pprof, in 30 s pieces) and `status` and `plan` sampled once each",
     )
     args = parser.parse_args()
     rows = upgrade_rows(args.nodes, measure(args.nodes, args.log, args.profile))
@@ -288,7 +330,12 @@ def upgrade_rows(nodes: int, measured: dict[str, Any]) -> list[dict[str, Any]]:
     """The benchmark's rows from one measured migration."""
     batches = math.ceil(100 / MAX_UNAVAILABLE_PERCENT)
     before, after = measured["before"], measured["after"]
-    wall, load, peak, violations = measured["wall"], measured["load"], measured["peak"], measured["violations"]
+    wall, load, peak, violations = (
+        measured["wall"],
+        measured["load"],
+        measured["peak"],
+        measured["violations"],
+    )
     diff = {name: after[name] - before[name] for name in SUMS}
     requests, operator_seconds, passes = diff["requests"], diff["passes_seconds"], diff["passes"]
     wake_delay, quick = diff["wake_delay"], diff["quick"]

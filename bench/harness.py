@@ -5,19 +5,25 @@ GpuStack CRD, the operator as a subprocess with its metrics on a free port, and 
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import socket
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
+
+import yaml
 
 from gpuforge_lab.devcluster.cluster import DevCluster
 from gpuforge_lab.devcluster.pools import uniform_pools
@@ -71,6 +77,56 @@ def control_plane_cpu_seconds(cluster: DevCluster) -> dict[str, float]:
         except OSError:
             continue
     return used
+
+
+class GoProfiles:
+    """CPU profiles (pprof) of one of the cluster's Go components while a `with` block runs, back to back
+    in pieces of `piece` seconds: `<prefix>-1.pprof`, `-2`, ... The controller-manager and the scheduler
+    serve /debug/pprof on their secure port to the admin's client certificate (the API server runs with
+    --profiling=false). Read them together: `go tool pprof -top <binary> <prefix>-*.pprof`."""
+
+    def __init__(self, cluster: DevCluster, port_name: str, prefix: Path, piece: int = 30) -> None:
+        state = cluster.load_state()
+        if state is None:
+            raise RuntimeError("no cluster state: the cluster is not up")
+        self._url = f"https://127.0.0.1:{state.ports[port_name]}/debug/pprof/profile?seconds={piece}"
+        self._prefix = prefix
+        self._piece = piece
+        user = yaml.safe_load(cluster.kubeconfig.read_text())["users"][0]["user"]
+        self._credentials = tempfile.TemporaryDirectory(prefix="gpuforge-pprof-")
+        cert, key = Path(self._credentials.name, "client.crt"), Path(self._credentials.name, "client.key")
+        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+        key.write_bytes(base64.b64decode(user["client-key-data"]))
+        self._context = ssl.create_default_context()
+        self._context.check_hostname = False  # loopback, self-signed serving certificate
+        self._context.verify_mode = ssl.CERT_NONE
+        self._context.load_cert_chain(cert, key)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.pieces: list[Path] = []
+        self.errors: list[str] = []
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._piece + 60)
+        self._credentials.cleanup()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(self._url, context=self._context, timeout=self._piece + 60) as r:
+                    data = r.read()
+            except OSError as error:
+                self.errors.append(str(error))
+                self._stop.wait(5)
+                continue
+            piece = self._prefix.with_name(f"{self._prefix.name}-{len(self.pieces) + 1}.pprof")
+            piece.write_bytes(data)
+            self.pieces.append(piece)
 
 
 def cpu_seconds(pid: int) -> float:
