@@ -4,8 +4,10 @@ A suite loads them explicitly (`pytest_plugins = ["gpuforge_lab.testing.plugin"]
 installing the lab does not add them to anyone else's pytest runs.
 
 - `dev_cluster` (session): one running cluster (API profile 1.36) with mixed GPU pools; see SESSION_POOLS.
-- `cluster_factory` (session): start more clusters, e.g. `cluster_factory(profile="1.33", nodes=2)`; all are
-  stopped when the session ends.
+- `cluster_factory` (session): start more clusters, e.g. `cluster_factory(profile="1.33", nodes=2)`; each
+  is stopped when the test module that started it ends (an idle cluster keeps using CPU: its
+  controller-manager, etcd and kwok's heartbeats; left up for the whole session, a suite's clusters
+  slowed every later test).
 - `namespace` (function): a fresh namespace in `dev_cluster`, deleted afterwards.
 - `k8s_api` (session): a kubernetes.client.ApiClient for `dev_cluster`'s admin user.
 
@@ -76,30 +78,65 @@ def cluster_state_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gpuforge-clusters")
 
 
+class _Started:
+    """The clusters `cluster_factory` started, those for the whole session apart."""
+
+    def __init__(self) -> None:
+        self.for_module: list[DevCluster] = []
+        self.for_session: list[DevCluster] = []
+
+
+_STARTED = pytest.StashKey[_Started]()
+
+
+def _started(config: pytest.Config) -> _Started:
+    if _STARTED not in config.stash:
+        config.stash[_STARTED] = _Started()
+    return config.stash[_STARTED]
+
+
+def _keep() -> bool:
+    return os.environ.get("GPUFORGE_TEST_KEEP") == "1"
+
+
 @pytest.fixture(scope="session")
-def cluster_factory(cluster_state_root: Path) -> Iterator[ClusterFactory]:
-    started: list[DevCluster] = []
+def cluster_factory(cluster_state_root: Path, pytestconfig: pytest.Config) -> Iterator[ClusterFactory]:
+    started = _started(pytestconfig)
 
     def start(
         profile: str = "1.36",
         pools: Sequence[Pool] | None = None,
         nodes: int = 2,
         name: str | None = None,
+        for_session: bool = False,
     ) -> DevCluster:
-        cluster = DevCluster(name or f"c{len(started)}-{secrets.token_hex(2)}", cluster_state_root)
+        count = len(started.for_module) + len(started.for_session)
+        cluster = DevCluster(name or f"c{count}-{secrets.token_hex(2)}", cluster_state_root)
+        (started.for_session if for_session else started.for_module).append(cluster)
         cluster.up(profile, list(pools) if pools is not None else uniform_pools(nodes))
-        started.append(cluster)
         return cluster
 
     yield start
-    if os.environ.get("GPUFORGE_TEST_KEEP") != "1":
-        for cluster in started:
+    if not _keep():
+        for cluster in [*started.for_module, *started.for_session]:
             cluster.down()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_clusters_stopped(pytestconfig: pytest.Config) -> Iterator[None]:
+    """Stop the clusters a test module started once it ends. Autouse, so set up before the module's own
+    fixtures and torn down after them (an operator on the cluster is stopped first)."""
+    yield
+    started = _started(pytestconfig)
+    if _keep():
+        return
+    while started.for_module:
+        started.for_module.pop().down()
 
 
 @pytest.fixture(scope="session")
 def dev_cluster(cluster_factory: ClusterFactory) -> DevCluster:
-    return cluster_factory(profile="1.36", pools=SESSION_POOLS, name="session")
+    return cluster_factory(profile="1.36", pools=SESSION_POOLS, name="session", for_session=True)
 
 
 @pytest.fixture(scope="session")
