@@ -5,9 +5,9 @@ installing the lab does not add them to anyone else's pytest runs.
 
 - `dev_cluster` (session): one running cluster (API profile 1.36) with mixed GPU pools; see SESSION_POOLS.
 - `cluster_factory` (session): start more clusters, e.g. `cluster_factory(profile="1.33", nodes=2)`; each
-  is stopped when the test module that started it ends (an idle cluster keeps using CPU: its
-  controller-manager, etcd and kwok's heartbeats; left up for the whole session, a suite's clusters
-  slowed every later test).
+  is stopped when the test module that started it ends, or with `for_session=True` when the session
+  ends (an idle cluster keeps using CPU: its controller-manager, etcd and kwok's heartbeats; left up for
+  the whole session, a suite's clusters slowed every later test).
 - `namespace` (function): a fresh namespace in `dev_cluster`, deleted afterwards.
 - `k8s_api` (session): a kubernetes.client.ApiClient for `dev_cluster`'s admin user.
 
@@ -55,6 +55,19 @@ SESSION_POOLS: tuple[Pool, ...] = (
 ClusterFactory = Callable[..., DevCluster]
 
 
+class _Started:
+    """The clusters `cluster_factory` started, those for the whole session apart, and how many in all
+    (names stay unique after module clusters are stopped)."""
+
+    def __init__(self) -> None:
+        self.for_module: list[DevCluster] = []
+        self.for_session: list[DevCluster] = []
+        self.count = 0
+
+
+_STARTED = pytest.StashKey[_Started]()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpuforge")
     group.addoption("--no-cluster", action="store_true", help="skip tests that need the local control plane")
@@ -62,6 +75,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: needs the local control plane")
+    config.stash[_STARTED] = _Started()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -78,30 +92,13 @@ def cluster_state_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gpuforge-clusters")
 
 
-class _Started:
-    """The clusters `cluster_factory` started, those for the whole session apart."""
-
-    def __init__(self) -> None:
-        self.for_module: list[DevCluster] = []
-        self.for_session: list[DevCluster] = []
-
-
-_STARTED = pytest.StashKey[_Started]()
-
-
-def _started(config: pytest.Config) -> _Started:
-    if _STARTED not in config.stash:
-        config.stash[_STARTED] = _Started()
-    return config.stash[_STARTED]
-
-
 def _keep() -> bool:
     return os.environ.get("GPUFORGE_TEST_KEEP") == "1"
 
 
 @pytest.fixture(scope="session")
 def cluster_factory(cluster_state_root: Path, pytestconfig: pytest.Config) -> Iterator[ClusterFactory]:
-    started = _started(pytestconfig)
+    started = pytestconfig.stash[_STARTED]
 
     def start(
         profile: str = "1.36",
@@ -110,8 +107,8 @@ def cluster_factory(cluster_state_root: Path, pytestconfig: pytest.Config) -> It
         name: str | None = None,
         for_session: bool = False,
     ) -> DevCluster:
-        count = len(started.for_module) + len(started.for_session)
-        cluster = DevCluster(name or f"c{count}-{secrets.token_hex(2)}", cluster_state_root)
+        cluster = DevCluster(name or f"c{started.count}-{secrets.token_hex(2)}", cluster_state_root)
+        started.count += 1
         (started.for_session if for_session else started.for_module).append(cluster)
         cluster.up(profile, list(pools) if pools is not None else uniform_pools(nodes))
         return cluster
@@ -127,7 +124,7 @@ def _module_clusters_stopped(pytestconfig: pytest.Config) -> Iterator[None]:
     """Stop the clusters a test module started once it ends. Autouse, so set up before the module's own
     fixtures and torn down after them (an operator on the cluster is stopped first)."""
     yield
-    started = _started(pytestconfig)
+    started = pytestconfig.stash[_STARTED]
     if _keep():
         return
     while started.for_module:
