@@ -167,12 +167,17 @@ def _done(cluster: DevCluster, nodes: int, mode: str) -> bool:
     )
 
 
+def cli_command(cluster: DevCluster, command: str) -> list[str]:
+    """`gpuforge <command> -o json` against the cluster, as a user runs it."""
+    return [sys.executable, "-m", "gpuforge", command, "-o", "json", "--kubeconfig", str(cluster.kubeconfig)]
+
+
 def cli_timing(cluster: DevCluster, command: str) -> dict[str, float]:
     """`gpuforge <command>` (status or plan) as a user runs it against the cluster: its wall time and its
     own CPU-seconds (user + system of the process)."""
     started = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpuforge", command, "-o", "json", "--kubeconfig", str(cluster.kubeconfig)],
+        cli_command(cluster, command),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -199,14 +204,7 @@ def cli_profile(cluster: DevCluster, command: str, out: Path) -> None:
             "--output",
             str(out),
             "--",
-            sys.executable,
-            "-m",
-            "gpuforge",
-            command,
-            "-o",
-            "json",
-            "--kubeconfig",
-            str(cluster.kubeconfig),
+            *cli_command(cluster, command),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

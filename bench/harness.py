@@ -89,6 +89,7 @@ class GoProfiles:
         state = cluster.load_state()
         if state is None:
             raise RuntimeError("no cluster state: the cluster is not up")
+        self._component = port_name
         self._url = f"https://127.0.0.1:{state.ports[port_name]}/debug/pprof/profile?seconds={piece}"
         self._prefix = prefix
         self._piece = piece
@@ -104,7 +105,7 @@ class GoProfiles:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.pieces: list[Path] = []
-        self.errors: list[str] = []
+        self._errors: list[str] = []
 
     def __enter__(self) -> Self:
         self._thread.start()
@@ -114,6 +115,11 @@ class GoProfiles:
         self._stop.set()
         self._thread.join(timeout=self._piece + 60)
         self._credentials.cleanup()
+        if self._errors:  # a profile missing or short says why, not nothing
+            print(
+                f"{self._component} profile: {len(self._errors)} failed piece(s), last: {self._errors[-1]}",
+                file=sys.stderr,
+            )
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -121,7 +127,7 @@ class GoProfiles:
                 with urllib.request.urlopen(self._url, context=self._context, timeout=self._piece + 60) as r:
                     data = r.read()
             except OSError as error:
-                self.errors.append(str(error))
+                self._errors.append(str(error))
                 self._stop.wait(5)
                 continue
             piece = self._prefix.with_name(f"{self._prefix.name}-{len(self.pieces) + 1}.pprof")
