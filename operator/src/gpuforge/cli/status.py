@@ -214,10 +214,12 @@ def _read(
 ) -> tuple[Snapshot, Mapping[str, Any] | None, dict[str, str]]:
     """Snapshot of the nodes (of one GpuStack, or all GPU nodes), the GpuStack object, and the nodes
     another installation serves (node -> why), which the operator leaves alone. The lists are read side
-    by side, in pages, without finished pods. `status_only`: only what `status` shows, 80 MB of JSON on
-    5,000 nodes where a plan reads 105: the pods gpuforge deploys and NVIDIA plugin pods (chosen by the API
-    server; a plan needs the workloads too), and neither ResourceSlices nor ResourceClaims, so nothing on
-    the nodes another installation serves (an empty mapping)."""
+    by side, in pages, without finished pods, each object decoded into the fields read here and in
+    `gpuforge.upgrade.convert` only (`gpuforge.k8s.shapes`). `status_only`: only what `status` shows
+    (on 5,000 nodes, 80 MB of JSON where a plan reads 105): the pods gpuforge deploys and NVIDIA plugin
+    pods (chosen by the API server; a plan needs the workloads too), and neither ResourceSlices nor
+    ResourceClaims, so nothing on the nodes another installation serves (an empty mapping)."""
+    from gpuforge.k8s import shapes
     from gpuforge.k8s.client import ApiError, Kube, node_facts, plugin_nodes, slices_per_node
     from gpuforge.render.placement import served_elsewhere
     from gpuforge.upgrade.convert import snapshot_from_objects
@@ -246,7 +248,7 @@ def _read(
         collections["slices"] = (f"/apis/resource.k8s.io/{version}/resourceslices", None)
         collections["claims"] = (f"/apis/resource.k8s.io/{version}/resourceclaims", None)
     with _collector_paused():
-        read = kube.list_side_by_side(collections)
+        read = kube.list_side_by_side(collections, shapes.OF_COLLECTIONS)
     nodes, pods = read["nodes"], read["pods"]
     slices, claims = read.get("slices", []), read.get("claims", [])
     name = (stack or {}).get("metadata", {}).get("name")

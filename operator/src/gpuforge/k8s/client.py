@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 RequestHook = Callable[[str, str], None]  # (verb, resource)
 AnswerHook = Callable[[str, str, float], None]  # (verb, resource, seconds until the whole answer was read)
+PageDecoder = Callable[[bytes], Obj]  # a list page's JSON -> the page (see gpuforge.k8s.shapes)
 
 # (API group, kind) -> (plural, namespaced), for every kind the operator applies or prunes.
 KINDS: Mapping[tuple[str, str], tuple[str, bool]] = {
@@ -249,31 +250,43 @@ class Kube:
         return self._list(path, query)
 
     def list_side_by_side(
-        self, collections: Mapping[str, tuple[str, Mapping[str, str] | None]]
+        self,
+        collections: Mapping[str, tuple[str, Mapping[str, str] | None]],
+        shapes: Mapping[str, PageDecoder] | None = None,
     ) -> dict[str, list[Obj]]:
         """Several whole collections (name -> (path, query)), each read by its own thread, which asks for
         a page's successor before decoding it: the API server prepares the next page, and the other
-        collections' pages, while this process decodes."""
+        collections' pages, while this process decodes. `shapes`: a collection's pages decoded into one
+        of `gpuforge.k8s.shapes` (only the fields it names), else whole."""
         workers = max(1, len(collections))
         with ThreadPoolExecutor(workers) as pool, ThreadPoolExecutor(workers) as ahead:
             futures = {
-                name: pool.submit(self._list_ahead, path, query, ahead)
+                name: pool.submit(
+                    self._list_ahead, path, query, ahead, (shapes or {}).get(name, orjson.loads)
+                )
                 for name, (path, query) in collections.items()
             }
             return {name: future.result() for name, future in futures.items()}
 
-    def _list_ahead(self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor) -> list[Obj]:
-        return [item for page in self._pages(path, query, ahead) for item in page.get("items") or []]
+    def _list_ahead(
+        self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor, decode: PageDecoder
+    ) -> list[Obj]:
+        return [item for page in self._pages(path, query, ahead, decode) for item in page.get("items") or []]
 
     def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         for page in self._pages(path, query):
             yield from page.get("items") or []
 
     def _pages(
-        self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor | None = None
+        self,
+        path: str,
+        query: Mapping[str, str] | None,
+        ahead: ThreadPoolExecutor | None = None,
+        decode: PageDecoder = orjson.loads,
     ) -> Iterator[Obj]:
-        """A collection's pages of 500, decoded, in order. With `ahead`, each page's successor is asked for
-        there, from the token in the page's first bytes, before the page is decoded."""
+        """A collection's pages of 500, decoded (by `decode`), in order. With `ahead`, each page's
+        successor is asked for there, from the token in the page's first bytes, before the page is
+        decoded."""
         params = {**(query or {}), "limit": "500"}
         data = self._answer("GET", path, query=params)
         while True:
@@ -282,7 +295,7 @@ class Kube:
             if token and ahead is not None:
                 params = {**params, "continue": token}
                 following = ahead.submit(self._answer, "GET", path, query=params)
-            page = orjson.loads(data)
+            page = decode(data)
             yield page
             if following is not None:
                 data = following.result()
