@@ -14,7 +14,7 @@ Leaves are `Any`: small (labels, a condition's status), decoded as sent, whateve
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Generic, TypedDict, TypeVar
 
 import msgspec
 
@@ -23,6 +23,14 @@ from gpuforge.k8s.client import PageDecoder
 # --- shared -------------------------------------------------------------------------------------------
 
 ListMeta = TypedDict("ListMeta", {"continue": str, "resourceVersion": str}, total=False)
+Item = TypeVar("Item")
+
+
+class Page(TypedDict, Generic[Item], total=False):
+    """A list page of one of the shapes below."""
+
+    metadata: ListMeta
+    items: list[Item] | None
 
 
 class Owner(TypedDict, total=False):
@@ -70,11 +78,6 @@ class Node(TypedDict, total=False):
     status: NodeStatus | None
 
 
-class NodePage(TypedDict, total=False):
-    metadata: ListMeta
-    items: list[Node] | None
-
-
 # --- Pod ----------------------------------------------------------------------------------------------
 
 
@@ -111,11 +114,6 @@ class Pod(TypedDict, total=False):
     status: PodStatus | None
 
 
-class PodPage(TypedDict, total=False):
-    metadata: ListMeta
-    items: list[Pod] | None
-
-
 # --- ResourceSlice ------------------------------------------------------------------------------------
 
 
@@ -132,11 +130,6 @@ class SliceSpec(TypedDict, total=False):
 class Slice(TypedDict, total=False):
     metadata: Meta
     spec: SliceSpec | None
-
-
-class SlicePage(TypedDict, total=False):
-    metadata: ListMeta
-    items: list[Slice] | None
 
 
 # --- ResourceClaim ------------------------------------------------------------------------------------
@@ -169,14 +162,9 @@ class Claim(TypedDict, total=False):
     status: ClaimStatus | None
 
 
-class ClaimPage(TypedDict, total=False):
-    metadata: ListMeta
-    items: list[Claim] | None
-
-
-def page_decoder(page: type[Any]) -> PageDecoder:
-    """A function decoding a list page's JSON into `page` (one of the `*Page` shapes above)."""
-    decoder = msgspec.json.Decoder(page)
+def page_decoder(item: type[Any]) -> PageDecoder:
+    """A function decoding a list page's JSON into a `Page` of `item` (one of the shapes above)."""
+    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Page[item])  # type: ignore[valid-type]
 
     def decode(data: bytes) -> dict[str, Any]:
         decoded: dict[str, Any] = decoder.decode(data)
@@ -187,8 +175,8 @@ def page_decoder(page: type[Any]) -> PageDecoder:
 
 # By the names `gpuforge status` and `gpuforge plan` give the collections they list.
 OF_COLLECTIONS = {
-    "nodes": page_decoder(NodePage),
-    "pods": page_decoder(PodPage),
-    "slices": page_decoder(SlicePage),
-    "claims": page_decoder(ClaimPage),
+    "nodes": page_decoder(Node),
+    "pods": page_decoder(Pod),
+    "slices": page_decoder(Slice),
+    "claims": page_decoder(Claim),
 }
