@@ -92,7 +92,6 @@ class Container(TypedDict, total=False):
 
 
 class Volume(TypedDict, total=False):
-    name: Any
     emptyDir: Any  # only whether it is there is read
 
 
