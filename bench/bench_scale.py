@@ -239,7 +239,8 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="with --logs: sample the operator's CPU with py-spy during each migration (a dev dependency),"
-        " profile the controller-manager meanwhile (pprof), and sample `status` and `plan` once each",
+        " profile the API server and the controller-manager meanwhile (pprof), and sample `status` and"
+        " `plan` once each",
     )
     parser.add_argument(
         "--add",

@@ -261,12 +261,13 @@ def measure(nodes: int, log: Path | None = None, profile: Path | None = None) ->
             )
         load = os.getloadavg()[0]
         cluster_cpu_before = control_plane_cpu_seconds(cluster)
-        controller_manager = (
-            GoProfiles(cluster, "kcm", profile.with_name(f"{profile.stem}-kube-controller-manager"))
-            if profile
-            else contextlib.nullcontext()
-        )
-        with controller_manager:
+        go_profiles = contextlib.ExitStack()
+        if profile:
+            for port_name, component in (("apiserver", "kube-apiserver"), ("kcm", "kube-controller-manager")):
+                go_profiles.enter_context(
+                    GoProfiles(cluster, port_name, profile.with_name(f"{profile.stem}-{component}"))
+                )
+        with go_profiles:
             started = time.monotonic()
             cluster.kubectl("patch", "gpustack", "gpus", "--type=merge", "-p", '{"spec":{"mode":"dra"}}')
             _wait("every node on DRA", lambda: _done(cluster, nodes, "dra"), 1800 + nodes / 2, cluster)
@@ -314,8 +315,9 @@ def main() -> None:
         "--profile",
         type=Path,
         help="sample the operator's Python CPU with py-spy during the migration into this file (collapsed"
-        " stacks, for flame graphs; py-spy is a dev dependency); next to it, the controller-manager's CPU"
-        " profiles during the migration (pprof, in 30 s pieces) and `status` and `plan` sampled once each",
+        " stacks, for flame graphs; py-spy is a dev dependency); next to it, the API server's and the"
+        " controller-manager's CPU profiles during the migration (pprof, in 30 s pieces) and `status` and"
+        " `plan` sampled once each",
     )
     args = parser.parse_args()
     rows = upgrade_rows(args.nodes, measure(args.nodes, args.log, args.profile))

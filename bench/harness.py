@@ -81,9 +81,9 @@ def control_plane_cpu_seconds(cluster: DevCluster) -> dict[str, float]:
 
 class GoProfiles:
     """CPU profiles (pprof) of one of the cluster's Go components while a `with` block runs, back to back
-    in pieces of `piece` seconds: `<prefix>-1.pprof`, `-2`, ... The controller-manager and the scheduler
-    serve /debug/pprof on their secure port to the admin's client certificate (the API server runs with
-    --profiling=false). Read them together: `go tool pprof -top <binary> <prefix>-*.pprof`."""
+    in pieces of `piece` seconds: `<prefix>-1.pprof`, `-2`, ... The API server, the controller-manager and
+    the scheduler serve /debug/pprof on their secure port to the admin's client certificate. Read them
+    together: `go tool pprof -top <binary> <prefix>-*.pprof`."""
 
     def __init__(self, cluster: DevCluster, port_name: str, prefix: Path, piece: int = 30) -> None:
         state = cluster.load_state()

@@ -403,7 +403,8 @@ class DevCluster:
                 "--endpoint-reconciler-type=none",
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
-                "--profiling=false",
+                # /debug/pprof, to the admin only (RBAC): the benchmarks' --profile samples the API server.
+                "--profiling=true",
                 "--v=1",
             ]
         if component == "kube-controller-manager":
