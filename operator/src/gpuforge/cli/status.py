@@ -214,12 +214,12 @@ def _read(
 ) -> tuple[Snapshot, Mapping[str, Any] | None, dict[str, str]]:
     """Snapshot of the nodes (of one GpuStack, or all GPU nodes), the GpuStack object, and the nodes
     another installation serves (node -> why), which the operator leaves alone. The lists are read side
-    by side, in pages, without finished pods, each object decoded into the fields read here and in
-    `gpuforge.upgrade.convert` only (`gpuforge.k8s.shapes`). `status_only`: only what `status` shows
-    (on 5,000 nodes, 80 MB of JSON where a plan reads 105): the pods gpuforge deploys and NVIDIA plugin
-    pods (chosen by the API server; a plan needs the workloads too), and neither ResourceSlices nor
-    ResourceClaims, so nothing on the nodes another installation serves (an empty mapping)."""
-    from gpuforge.k8s import shapes
+    by side, in pages, without finished pods, in protobuf, each object decoded into the fields read here
+    and in `gpuforge.upgrade.convert` only (`gpuforge.k8s.shapes_protobuf`). `status_only`: only what
+    `status` shows (on 5,000 nodes, 60 MB where a plan reads 76): the pods gpuforge deploys and NVIDIA
+    plugin pods (chosen by the API server; a plan needs the workloads too), and neither ResourceSlices
+    nor ResourceClaims, so nothing on the nodes another installation serves (an empty mapping)."""
+    from gpuforge.k8s import shapes_protobuf
     from gpuforge.k8s.client import ApiError, Kube, node_facts, plugin_nodes, slices_per_node
     from gpuforge.render.placement import served_elsewhere
     from gpuforge.upgrade.convert import snapshot_from_objects
@@ -239,16 +239,8 @@ def _read(
         raise click.ClickException(f"GpuStack {stack_name} not found")
     if stack is None and len(stacks) == 1:
         stack = stacks[0]
-    collections: dict[str, tuple[str, Mapping[str, str] | None]] = {
-        "nodes": ("/api/v1/nodes", None),
-        "pods": ("/api/v1/pods", pod_query(operand_pods_only=status_only)),
-    }
-    version = next((v for v in ("v1", "v1beta2", "v1beta1") if v in served), None)
-    if version is not None and not status_only:
-        collections["slices"] = (f"/apis/resource.k8s.io/{version}/resourceslices", None)
-        collections["claims"] = (f"/apis/resource.k8s.io/{version}/resourceclaims", None)
     with _collector_paused():
-        read = kube.list_side_by_side(collections, shapes.OF_COLLECTIONS)
+        read = kube.list_side_by_side(collections_read(served, status_only), shapes_protobuf.OF_COLLECTIONS)
     nodes, pods = read["nodes"], read["pods"]
     slices, claims = read.get("slices", []), read.get("claims", [])
     name = (stack or {}).get("metadata", {}).get("name")
@@ -293,6 +285,22 @@ def _collector_paused() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+def collections_read(
+    served: frozenset[str], status_only: bool
+) -> dict[str, tuple[str, Mapping[str, str] | None]]:
+    """The lists `_read` reads, by name: (path, server-side selectors). `served`: the resource.k8s.io
+    versions the API server serves (ResourceSlices and ResourceClaims are read in the newest)."""
+    collections: dict[str, tuple[str, Mapping[str, str] | None]] = {
+        "nodes": ("/api/v1/nodes", None),
+        "pods": ("/api/v1/pods", pod_query(operand_pods_only=status_only)),
+    }
+    version = next((v for v in ("v1", "v1beta2", "v1beta1") if v in served), None)
+    if version is not None and not status_only:
+        collections["slices"] = (f"/apis/resource.k8s.io/{version}/resourceslices", None)
+        collections["claims"] = (f"/apis/resource.k8s.io/{version}/resourceclaims", None)
+    return collections
 
 
 def pod_query(operand_pods_only: bool) -> dict[str, str]:

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 RequestHook = Callable[[str, str], None]  # (verb, resource)
 AnswerHook = Callable[[str, str, float], None]  # (verb, resource, seconds until the whole answer was read)
+PROTOBUF_MAGIC = b"k8s\x00"  # how an answer in Kubernetes' protobuf encoding starts
 PageDecoder = Callable[[bytes], Obj]  # a list page's JSON -> the page (see gpuforge.k8s.shapes)
 
 # (API group, kind) -> (plural, namespaced), for every kind the operator applies or prunes.
@@ -227,22 +228,19 @@ class Kube:
         query: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> bytes:
         """`request`'s answer, not decoded."""
         verb, resource = rbac_verb(method, path), resource_of(path)
         self.count_request(verb, resource)
         started = time.monotonic()
         status, data = self.transport.request_sync(
-            method, path, query=query, body=body, content_type=content_type
+            method, path, query=query, body=body, content_type=content_type, accept=accept
         )
         if self._on_answer is not None:
             self._on_answer(verb, resource, time.monotonic() - started)
         if status >= 400:
-            try:
-                message = orjson.loads(data).get("message", "")
-            except ValueError:
-                message = data.decode(errors="replace")[:300]
-            raise ApiError(status, method, path, message)
+            raise ApiError(status, method, path, _error_message(data))
         return data
 
     def list_objects(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
@@ -252,26 +250,25 @@ class Kube:
     def list_side_by_side(
         self,
         collections: Mapping[str, tuple[str, Mapping[str, str] | None]],
-        shapes: Mapping[str, PageDecoder] | None = None,
+        formats: Mapping[str, ListFormat] | None = None,
     ) -> dict[str, list[Obj]]:
         """Several whole collections (name -> (path, query)), each read by its own thread, which asks for
         a page's successor before decoding it: the API server prepares the next page, and the other
-        collections' pages, while this process decodes. `shapes`: a collection's pages decoded into one
-        of `gpuforge.k8s.shapes` (only the fields it names), else whole."""
+        collections' pages, while this process decodes. `formats`: how a collection's pages are asked
+        for and decoded (`gpuforge.k8s.shapes_protobuf`, `gpuforge.k8s.shapes`: only the fields they
+        name), else JSON, whole."""
         workers = max(1, len(collections))
         with ThreadPoolExecutor(workers) as pool, ThreadPoolExecutor(workers) as ahead:
             futures = {
-                name: pool.submit(
-                    self._list_ahead, path, query, ahead, (shapes or {}).get(name, orjson.loads)
-                )
+                name: pool.submit(self._list_ahead, path, query, ahead, (formats or {}).get(name, WHOLE_JSON))
                 for name, (path, query) in collections.items()
             }
             return {name: future.result() for name, future in futures.items()}
 
     def _list_ahead(
-        self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor, decode: PageDecoder
+        self, path: str, query: Mapping[str, str] | None, ahead: ThreadPoolExecutor, form: ListFormat
     ) -> list[Obj]:
-        return [item for page in self._pages(path, query, ahead, decode) for item in page.get("items") or []]
+        return [item for page in self._pages(path, query, ahead, form) for item in page.get("items") or []]
 
     def _list(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[Obj]:
         for page in self._pages(path, query):
@@ -282,20 +279,21 @@ class Kube:
         path: str,
         query: Mapping[str, str] | None,
         ahead: ThreadPoolExecutor | None = None,
-        decode: PageDecoder = orjson.loads,
+        form: ListFormat | None = None,
     ) -> Iterator[Obj]:
-        """A collection's pages of 500, decoded (by `decode`), in order. With `ahead`, each page's
-        successor is asked for there, from the token in the page's first bytes, before the page is
-        decoded."""
+        """A collection's pages of 500, decoded (as `form` says, else whole JSON), in order. With
+        `ahead`, each page's successor is asked for there, from the token in the page's head, before the
+        page is decoded."""
+        form = form or WHOLE_JSON
         params = {**(query or {}), "limit": "500"}
-        data = self._answer("GET", path, query=params)
+        data = self._answer("GET", path, query=params, accept=form.accept)
         while True:
-            token = _continue_token(data) if ahead is not None else None
+            token = form.token(data) if ahead is not None else None
             following = None
             if token and ahead is not None:
                 params = {**params, "continue": token}
-                following = ahead.submit(self._answer, "GET", path, query=params)
-            page = decode(data)
+                following = ahead.submit(self._answer, "GET", path, query=params, accept=form.accept)
+            page = form.decode(data)
             yield page
             if following is not None:
                 data = following.result()
@@ -304,7 +302,7 @@ class Kube:
             if not token:  # read at its place: the last page, or a list whose metadata came after its items
                 return
             params = {**params, "continue": token}
-            data = self._answer("GET", path, query=params)
+            data = self._answer("GET", path, query=params, accept=form.accept)
 
     # --- discovery ---------------------------------------------------------------------------------
 
@@ -522,16 +520,42 @@ class Kube:
 
 # The API server encodes a list's metadata (ListMeta) before its items, so a page's continue token is in
 # its first bytes; an opaque token, never with a quote in it.
+def _error_message(data: bytes) -> str:
+    """What an error answer's Status says, in JSON or in protobuf (asked for by `ListFormat`s)."""
+    if data.startswith(PROTOBUF_MAGIC):
+        from gpuforge.k8s.shapes_protobuf import status_message  # the protobuf module only when used
+
+        return status_message(data)
+    try:
+        return str(orjson.loads(data).get("message", ""))
+    except ValueError:
+        return data.decode(errors="replace")[:300]
+
+
 _CONTINUE = re.compile(rb'"continue":"([^"]+)"')
 _LIST_HEAD = 4096
 
 
-def _continue_token(page: bytes) -> str | None:
+def continue_token(page: bytes) -> str | None:
     """The continue token of a list page, read from its head without decoding it; None when there is
     none before the items (the last page), or the head is not shaped so."""
     items = page.find(b'"items":', 0, _LIST_HEAD)
     found = _CONTINUE.search(page, 0, items) if items > 0 else None
     return found.group(1).decode() if found else None
+
+
+@dataclass(frozen=True)
+class ListFormat:
+    """How a collection's pages are asked for (`accept`), decoded (`decode`: the page, with its
+    `metadata` and `items`), and where the next page's token is read from before that (`token`: None
+    when the page's head does not tell; the decoded page is read then)."""
+
+    accept: str
+    decode: PageDecoder
+    token: Callable[[bytes], str | None]
+
+
+WHOLE_JSON = ListFormat("application/json", orjson.loads, continue_token)
 
 
 # --- API objects to typed facts (no I/O) -------------------------------------------------------------

@@ -395,11 +395,12 @@ class ApiTransport:
         query: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> tuple[int, bytes]:
         """(status, body) of one request, from any thread."""
         url = self.credentials.server + path + (f"?{urlencode(query)}" if query else "")
         headers = {
-            "Accept": "application/json",
+            "Accept": accept,
             "Content-Type": content_type,
             **self.credentials.authorization(),
         }

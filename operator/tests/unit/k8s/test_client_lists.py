@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuforge.k8s.client import Kube, _continue_token
+from gpuforge.k8s.client import Kube, continue_token
 
 
 class Paged:
@@ -83,7 +83,7 @@ def test_side_by_side_reads_every_page_of_each_collection(metadata_last: bool) -
     ],
 )
 def test_continue_token_is_read_from_the_head_of_a_page_only(page: bytes, token: str | None) -> None:
-    assert _continue_token(page) == token
+    assert continue_token(page) == token
 
 
 @pytest.mark.parametrize("metadata_last", [False, True])
