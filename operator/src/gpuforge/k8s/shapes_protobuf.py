@@ -269,12 +269,12 @@ def status_message(data: bytes) -> str:
     return str(parsed.message) if parsed is not None and parsed.message else repr(data[:300])
 
 
-def list_format(collection: str, json_shape: Any) -> ListFormat:
+def list_format(collection: str) -> ListFormat:
     """How `status` and `plan` read one of their collections: asked for in protobuf, into the shape
-    `json_shape` (of `gpuforge.k8s.shapes`) gives from JSON."""
+    `gpuforge.k8s.shapes` gives from JSON (and read by that shape when the answer is JSON)."""
     list_class, head_class = CLASSES[LIST_OF[collection]], CLASSES[HEAD]
     convert_item = converter(LIST_OF[collection][: -len("List")])
-    from_json = shapes.page_decoder(json_shape)
+    from_json = shapes.OF_COLLECTIONS[collection]
 
     def decode(data: bytes) -> Obj:
         if not data.startswith(MAGIC):
@@ -296,9 +296,4 @@ def list_format(collection: str, json_shape: Any) -> ListFormat:
 
 
 # By the names `gpuforge status` and `gpuforge plan` give the collections they list.
-OF_COLLECTIONS = {
-    "nodes": list_format("nodes", shapes.Node),
-    "pods": list_format("pods", shapes.Pod),
-    "slices": list_format("slices", shapes.Slice),
-    "claims": list_format("claims", shapes.Claim),
-}
+OF_COLLECTIONS = {collection: list_format(collection) for collection in LIST_OF}
