@@ -144,8 +144,9 @@ MESSAGES: Mapping[str, tuple[Field, ...]] = {
         )
         for list_name in LIST_OF.values()
     },
+    # any list read for its head only: the next page's token, before the page is parsed
+    "ListHead": (("metadata", 1, Kind.MESSAGE, "ListMeta"),),
 }
-# What a list's head is read as, for the next page's token before the page is parsed.
 HEAD = "ListHead"
 
 
@@ -154,7 +155,7 @@ def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     proto = descriptor_pb2.FileDescriptorProto(
         name="gpuforge/k8s/lists.proto", package=PACKAGE, syntax="proto2"
     )
-    for name, fields in {**MESSAGES, HEAD: (("metadata", 1, Kind.MESSAGE, "ListMeta"),)}.items():
+    for name, fields in MESSAGES.items():
         described = proto.message_type.add(name=name)
         for field_name, number, kind, of in fields:
             field = described.field.add(name=field_name, number=number, json_name=field_name)
@@ -189,7 +190,7 @@ def _message_classes() -> dict[str, type[message.Message]]:
     pool.Add(file_descriptor())
     return {
         name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
-        for name in (*MESSAGES, HEAD)
+        for name in MESSAGES
     }
 
 
