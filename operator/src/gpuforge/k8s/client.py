@@ -44,7 +44,7 @@ Obj = dict[str, Any]
 RequestHook = Callable[[str, str], None]  # (verb, resource)
 AnswerHook = Callable[[str, str, float], None]  # (verb, resource, seconds until the whole answer was read)
 PROTOBUF_MAGIC = b"k8s\x00"  # how an answer in Kubernetes' protobuf encoding starts
-PageDecoder = Callable[[bytes], Obj]  # a list page's JSON -> the page (see gpuforge.k8s.shapes)
+PageDecoder = Callable[[bytes], Obj]  # a list page's body -> the page (see gpuforge.k8s.shapes)
 
 # (API group, kind) -> (plural, namespaced), for every kind the operator applies or prunes.
 KINDS: Mapping[tuple[str, str], tuple[str, bool]] = {
@@ -518,8 +518,6 @@ class Kube:
 # --- list pages (no I/O) -----------------------------------------------------------------------------
 
 
-# The API server encodes a list's metadata (ListMeta) before its items, so a page's continue token is in
-# its first bytes; an opaque token, never with a quote in it.
 def _error_message(data: bytes) -> str:
     """What an error answer's Status says, in JSON or in protobuf (asked for by `ListFormat`s)."""
     if data.startswith(PROTOBUF_MAGIC):
@@ -532,6 +530,8 @@ def _error_message(data: bytes) -> str:
         return data.decode(errors="replace")[:300]
 
 
+# The API server encodes a list's metadata (ListMeta) before its items, so a page's continue token is in
+# its first bytes; an opaque token, never with a quote in it.
 _CONTINUE = re.compile(rb'"continue":"([^"]+)"')
 _LIST_HEAD = 4096
 
