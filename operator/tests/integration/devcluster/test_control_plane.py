@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpuforge_lab.devcluster.cluster import DevCluster, list_clusters
+from gpuforge_lab.devcluster.cluster import SIMULATED_FLEET, DevCluster, list_clusters
 from gpuforge_lab.devcluster.pools import Pool
 
 from .helpers import eventually, gpu_pod, plugin_daemonset
@@ -342,12 +342,28 @@ def test_failure_injection_and_double_advertising_record(
         eventually(lambda: _node_gpus(core, node) in (None, "0"), what="capacity gone")
 
 
+def _thread_nices(pid: int) -> set[int]:
+    """The nice value of each of a process's threads (field 19 of its threads' stat)."""
+    return {
+        int(stat.read_text().rsplit(")", 1)[1].split()[16])
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat")
+    }
+
+
+def _autogroup_nice(pid: int) -> int | None:
+    """The nice value of the process's autogroup; None on a kernel that does not group by session."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except OSError:
+        return None
+
+
 def test_second_up_says_it_runs_and_down_leaves_no_process(cluster_state_root: Any) -> None:
     name = f"solo-{secrets.token_hex(2)}"
     env = {**os.environ, "GPUFORGE_STATE": str(cluster_state_root)}
     gpuforge = [sys.executable, "-m", "gpuforge"]
     first = subprocess.run(
-        [*gpuforge, "dev", "cluster", "up", "--name", name, "--nodes", "1"],
+        [*gpuforge, "dev", "cluster", "up", "--name", name, "--nodes", "1", "--fleet-nice", "10"],
         env=env,
         capture_output=True,
         text=True,
@@ -364,6 +380,11 @@ def test_second_up_says_it_runs_and_down_leaves_no_process(cluster_state_root: A
     assert state is not None
     pids = [record.pid for record in state.processes.values()]
     assert len(pids) == 6  # etcd, apiserver, controller-manager, scheduler, kwok, agent
+    # --fleet-nice: the simulated fleet yields the CPU to the control plane, every thread of it.
+    for component, record in state.processes.items():
+        nice = 10 if component in SIMULATED_FLEET else 0
+        assert _thread_nices(record.pid) == {nice}, component
+        assert _autogroup_nice(record.pid) in (nice, None), component
     down = subprocess.run(
         [*gpuforge, "dev", "cluster", "down", "--name", name], env=env, capture_output=True, text=True
     )

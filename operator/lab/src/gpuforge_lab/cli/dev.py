@@ -20,6 +20,7 @@ from gpuforge_lab.devcluster.build import (
     verify_hashes,
 )
 from gpuforge_lab.devcluster.cluster import (
+    MAX_NICE,
     AlreadyRunning,
     ClusterError,
     DevCluster,
@@ -159,6 +160,15 @@ _name_option = click.option("--name", default="default", show_default=True, help
     help="Run this playbook of the collection on the --real-nodes hosts before they join "
     "(driver, toolkit and containerd's nvidia runtime from the roles).",
 )
+@click.option(
+    "--fleet-nice",
+    type=click.IntRange(0, MAX_NICE),
+    default=0,
+    show_default=True,
+    help="Lower the simulated fleet's CPU priority (kwok and the GPU agent): under contention it yields "
+    "the CPU to the control plane, as kubelets on their own machines would. Node patches answer faster "
+    "at thousands of nodes; the simulated nodes' own steps take longer.",
+)
 def up(
     name: str,
     api_profile: str,
@@ -166,6 +176,7 @@ def up(
     pools_file: Path | None,
     real_nodes: int,
     real_nodes_bootstrap: str | None,
+    fleet_nice: int,
 ) -> None:
     """Start a cluster and print its kubeconfig path when every part is healthy."""
     if nodes is not None and pools_file is not None:
@@ -183,7 +194,7 @@ def up(
         pools = [*pools, Pool("real", real_nodes, real=True, bootstrap=real_nodes_bootstrap)]
     dev_cluster = DevCluster(name)
     try:
-        seconds = dev_cluster.up(api_profile, pools, console=err)
+        seconds = dev_cluster.up(api_profile, pools, console=err, fleet_nice=fleet_nice)
     except AlreadyRunning as error:
         _fail(str(error), EXIT_FAILURE)
         return

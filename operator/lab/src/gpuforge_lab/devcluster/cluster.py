@@ -59,6 +59,10 @@ COMPONENTS = (
     "gpu-agent",
 )
 CONTROL_PLANE_RESTARTED_ON_UPGRADE = COMPONENTS[1:]
+# The simulated fleet: thousands of kubelets and their GPU plugins, which on a real cluster run on their
+# own machines, not on the control plane's cores. `up(fleet_nice=N)` lowers its CPU priority.
+SIMULATED_FLEET = ("kwok", "gpu-agent")
+MAX_NICE = 19
 # kwok renews a node's lease every quarter of its duration: 1200 s is one write per node every 300 s,
 # 17 writes/s for 5,000 nodes (40 s, a kubelet's default, would be 500/s: the API server's whole CPU here).
 NODE_LEASE_SECONDS = 1200
@@ -113,6 +117,17 @@ def _proc_start_time(pid: int) -> int | None:
     return int(after_name[19])
 
 
+def _lower_priority(group: int, nice: int) -> None:
+    """Lower the CPU priority of process group `group`, a session of its own: every thread's nice
+    (threads started later inherit it) and the session's autogroup, which is what the kernel weighs
+    against other sessions when it groups by session. Best effort: a kernel without autogroup scheduling
+    has no file to write, and the cluster runs the same without either."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PGRP, group, nice)
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{group}/autogroup").write_text(str(nice))
+
+
 @dataclass
 class ProcessRecord:
     pid: int
@@ -136,6 +151,8 @@ class ClusterState:
     created: float = field(default_factory=time.time)
     # Seconds the simulated agent keeps a stopped device plugin's devices in capacity.
     plugin_stop_grace: float = SIM_PLUGIN_STOP_GRACE_SECONDS
+    # The simulated fleet's nice value (0: it competes with the control plane as an equal).
+    fleet_nice: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -226,8 +243,18 @@ class DevCluster:
         console: Console | None = None,
         wait_nodes: bool = True,
         plugin_stop_grace: float = SIM_PLUGIN_STOP_GRACE_SECONDS,
+        fleet_nice: int = 0,
     ) -> float:
-        """Start everything and return the seconds it took; raise AlreadyRunning if it runs already."""
+        """Start everything and return the seconds it took; raise AlreadyRunning if it runs already.
+
+        `fleet_nice` (0-19) lowers the simulated fleet's CPU priority, every thread and its session's
+        autogroup, so that under contention it yields the CPU to the control plane. Each component is a
+        session of its own, and a kernel that groups by session shares the CPU evenly between them: at
+        5,000 nodes kwok then gets the CPU on the same terms as the API server, which on a real cluster
+        has machines of its own. Yielding shortens the API server's answers and lengthens the fleet's own
+        steps."""
+        if not 0 <= fleet_nice <= MAX_NICE:
+            raise ValueError(f"fleet_nice must be 0-{MAX_NICE} (a nice value), not {fleet_nice}")
         console = console or Console(stderr=True, soft_wrap=True)
         api_profile = parse_profile(profile)
         if self.running():
@@ -249,6 +276,7 @@ class DevCluster:
             ports=ports,
             pools=[_pool_to_dict(p) for p in pools],
             plugin_stop_grace=plugin_stop_grace,
+            fleet_nice=fleet_nice,
         )
         self._write_configs(state)
         self._save_state(state)
@@ -475,6 +503,8 @@ class DevCluster:
                 cwd=self.state_dir,
                 start_new_session=True,  # its own process group: down() signals the group
             )
+        if component in SIMULATED_FLEET and state.fleet_nice:
+            _lower_priority(process.pid, state.fleet_nice)
         start_time = None
         while start_time is None:
             start_time = _proc_start_time(process.pid)
