@@ -214,10 +214,14 @@ def cli_profile(cluster: DevCluster, command: str, out: Path) -> None:
         raise RuntimeError(f"py-spy recorded nothing of gpuforge {command}")
 
 
-def measure(nodes: int, log: Path | None = None, profile: Path | None = None) -> dict[str, Any]:
+def measure(
+    nodes: int, log: Path | None = None, profile: Path | None = None, fleet_nice: int = 0
+) -> dict[str, Any]:
     """One migration of `nodes` simulated nodes from the device plugin to DRA; the raw readings."""
     timings: dict[str, float] = {}
-    with cluster_with_operator("bench-upgrade", nodes, keep_log=log, timings=timings) as (cluster, process):
+    with cluster_with_operator(
+        "bench-upgrade", nodes, keep_log=log, timings=timings, fleet_nice=fleet_nice
+    ) as (cluster, process):
         stack = {
             "apiVersion": "gpuforge.io/v1alpha1",
             "kind": "GpuStack",

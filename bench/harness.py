@@ -213,14 +213,19 @@ def operator(cluster: DevCluster, log: Path) -> Iterator[Operator]:
 
 @contextmanager
 def cluster_with_operator(
-    name: str, nodes: int, keep_log: Path | None = None, timings: dict[str, float] | None = None
+    name: str,
+    nodes: int,
+    keep_log: Path | None = None,
+    timings: dict[str, float] | None = None,
+    fleet_nice: int = 0,
 ) -> Iterator[tuple[DevCluster, Operator]]:
     """A local control plane of `nodes` uniform GPU nodes with the GpuStack CRD and the operator running;
     torn down when the block ends (the operator's log copied to `keep_log` first, if given). `timings`
-    gets "up": the seconds from starting the control plane to every node Ready."""
+    gets "up": the seconds from starting the control plane to every node Ready. `fleet_nice`: the
+    simulated fleet's CPU priority (`DevCluster.up`)."""
     with tempfile.TemporaryDirectory(prefix=f"gpuforge-{name}-") as tmp:
         cluster = DevCluster(name, Path(tmp))
-        up = cluster.up("1.36", uniform_pools(nodes))
+        up = cluster.up("1.36", uniform_pools(nodes), fleet_nice=fleet_nice)
         if timings is not None:
             timings["up"] = up
         log = Path(tmp) / "operator.log"
